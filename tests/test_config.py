@@ -1,0 +1,101 @@
+"""vcd_helpers.config: presets, overrides, validation messages, run profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vcd_helpers import config
+from vcd_helpers.config import Config, load_config
+
+
+def test_defaults_are_the_paper():
+    c = load_config("default")
+    assert (c.batch_size, c.num_steps, c.steps_per_epoch) == (100, 400_000, 500)
+    assert c.learning_rates == {"encoder_mean": 5e-4, "encoder_scale": 2.5e-4, "decoder": 5e-4}
+    assert c.lr_decay_steps == 15_000
+    assert (c.hmc.num_iterations, c.hmc.num_leapfrog_steps, c.hmc.initial_step_size) == (8, 5, 0.05)
+    assert (c.control_variate.kind, c.control_variate.switch_step) == ("scheduled", 3000)
+    assert (c.evaluation.num_samples, c.evaluation.proposal) == (20_000, "hmc_moments")
+
+
+@pytest.mark.parametrize("name", config.available_presets())
+def test_every_preset_loads(name):
+    overrides = {"batch_size": 128} if name == "bs_experiment" else {}
+    assert load_config(name, **overrides).name == name
+
+
+def test_preset_specifics():
+    assert load_config("global_cv").control_variate.kind == "global"
+    assert load_config("test").num_steps == 500
+    bs = load_config("bs_experiment", batch_size=1024)
+    assert bs.learning_rates["decoder"] == 1.3e-3 and bs.learning_rates["encoder_scale"] == 6.5e-4
+    assert bs.lr_decay_steps == round(307 * 50_000 / 1024)
+    assert load_config("bs_experiment", batch_size=64, optimizer={"learning_rate": 7e-4}).learning_rates["decoder"] == 7e-4
+
+
+def test_bs_experiment_needs_a_batch_size_and_a_tuned_or_given_rate():
+    with pytest.raises(ValueError, match="batch_size=None is invalid: this preset needs a batch size"):
+        load_config("bs_experiment")
+    with pytest.raises(ValueError, match="batch_size=64 is invalid: has no tuned learning rate"):
+        load_config("bs_experiment", batch_size=64)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"batch_size": 0}, "batch_size=0 is invalid: must be a positive integer"),
+    ({"optimizer": {"learning_rate": -0.1}}, "optimizer.learning_rate=-0.1 is invalid: must be a positive"),
+    ({"hmc": {"num_leapfrog_steps": 0}}, "hmc.num_leapfrog_steps=0 is invalid"),
+    ({"hmc": {"target_accept_rate": 1.5}}, r"hmc.target_accept_rate=1.5 is invalid: must lie in \(0, 1\)"),
+    ({"control_variate": {"kind": "loco"}}, "control_variate.kind='loco' is invalid: must be one of none, global, local, scheduled"),
+    ({"method": "gan"}, "method='gan' is invalid"),
+    ({"batch_size": 60_000}, "batch_size=60000 is invalid: must not exceed train_examples"),
+    ({"seed": -1}, "seed=-1 is invalid"),
+    ({"evaluation": {"proposal": "prior"}}, "evaluation.proposal='prior' is invalid"),
+    ({"steps": 2.5}, "steps=2.5 is invalid"),
+])
+def test_bad_values_are_rejected_with_field_value_and_rule(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config("default", **overrides)
+
+
+def test_unknown_keys_are_rejected_in_json_and_overrides(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"hmc": {"leapfrog": 3}}))
+    with pytest.raises(ValueError, match="unknown configuration key 'hmc.leapfrog': allowed keys are"):
+        load_config(path)
+    with pytest.raises(ValueError, match="unknown configuration key 'batchsize'"):
+        load_config("default", batchsize=10)
+    with pytest.raises(ValueError, match="unknown preset 'paper'"):
+        load_config("paper")
+
+
+def test_json_file_round_trip_and_overrides(tmp_path):
+    c = load_config("global_cv", batch_size=16, hmc={"num_iterations": 4}, seed=None)
+    assert (c.batch_size, c.hmc.num_iterations, c.hmc.num_leapfrog_steps, c.seed) == (16, 4, 5, 0)
+    path = tmp_path / "run.json"
+    path.write_text(c.to_json())
+    assert load_config(path) == c
+    assert Config.from_dict(json.loads(c.to_json())) == c
+
+
+def test_config_is_frozen_and_replace_validates():
+    c = Config()
+    with pytest.raises(Exception):
+        c.batch_size = 3  # type: ignore[misc]
+    assert c.replace(steps=10).num_steps == 10
+    with pytest.raises(ValueError, match="hmc.num_iterations=0"):
+        c.replace(hmc={"num_iterations": 0})
+
+
+def test_profiles(monkeypatch):
+    monkeypatch.setenv(config.PROFILE_ENV_VAR, "test")
+    assert config.active_profile().name == "test"
+    monkeypatch.delenv(config.PROFILE_ENV_VAR)
+    assert config.active_profile().name == "book"
+    monkeypatch.setenv(config.PROFILE_ENV_VAR, "huge")
+    with pytest.raises(ValueError, match="VCD_PROFILE: profile 'huge' is invalid: must be one of test, book, paper"):
+        config.active_profile()
+    ev = config.get_profile("test").evaluation_config()
+    assert (ev.num_examples, ev.num_samples, ev.chunk_size) == (20, 100, 100)
+    assert config.get_profile("paper").evaluation_config().num_samples == 20_000

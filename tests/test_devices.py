@@ -1,0 +1,66 @@
+"""vcd_helpers.devices and seeds. Device splitting needs a fresh process: TensorFlow allows it
+only before its devices are initialised, which this test process has already done."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers import devices, seeds
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+
+
+def test_split_before_initialisation_gives_n_logical_cpus():
+    result = _run("""
+        from vcd_helpers import devices
+        names = devices.split_physical_device(3)
+        assert names == ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2'], names
+        assert devices.split_physical_device(3) == names   # re-running the cell is harmless
+        print(devices.format_device_summary())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "logical devices: /device:CPU:0, /device:CPU:1, /device:CPU:2" in result.stdout
+
+
+def test_split_after_initialisation_raises_a_clear_error():
+    result = _run("""
+        import tensorflow as tf
+        from vcd_helpers import devices
+        tf.constant(1.0) + 1.0
+        devices.split_physical_device(2)
+    """)
+    assert result.returncode != 0
+    assert "was called after TensorFlow initialised its devices" in result.stderr
+    assert "restart the kernel" in result.stderr
+
+
+def test_split_rejects_bad_counts():
+    with pytest.raises(ValueError, match="num_logical=0 is invalid"):
+        devices.split_physical_device(0)
+    with pytest.raises(ValueError, match="memory_limit_mb is required"):
+        devices.split_physical_device(2, "GPU")
+
+
+def test_device_summary_lists_this_machine():
+    summary = devices.device_summary()
+    assert summary["tensorflow"] == tf.__version__
+    assert any(d.startswith("CPU") for d in summary["physical_devices"])
+
+
+def test_seeds_are_stateless_and_split():
+    a = tf.random.stateless_normal([3], seed=seeds.as_seed(5))
+    b = tf.random.stateless_normal([3], seed=seeds.as_seed(5))
+    np.testing.assert_array_equal(a, b)
+    children = seeds.split_seed(5, 3).numpy()
+    assert children.shape == (3, 2) and len({tuple(c) for c in children}) == 3
+    assert not np.array_equal(seeds.fold_in(5, 1), seeds.fold_in(5, 2))
+    with pytest.raises(ValueError, match=r"seed has shape \(3,\)"):
+        seeds.as_seed(tf.constant([1, 2, 3]))

@@ -1,0 +1,21 @@
+"""vcd_helpers: the library behind the book *Variational inference meets MCMC*.
+
+A VAE on binarised MNIST trained with Variational Contrastive Divergence (Ruiz & Titsias, 2019),
+written with TensorFlow 2 and TensorFlow Probability. Modules, bottom to top:
+
+- ``config``: one frozen, validated configuration (presets in ``presets/``) and run profiles;
+- ``devices``, ``seeds``: what hardware is here, logical-device splitting, stateless seeds;
+- ``data``: statically binarised MNIST, offline-capable, and indexed ``tf.data`` pipelines;
+- ``model``, ``hmc``, ``optim``: the VAE, the HMC chain, the reference RMSProp variant;
+- ``objectives``, ``evaluation``, ``training``: ELBO and VCD losses, importance sampling, steps.
+
+Importing the package first imports TensorFlow quietly (see ``_quiet``): TensorFlow 2.21 prints
+its start-up log lines to file descriptor 2 before any log-level setting applies, and Jupyter
+copies them into every notebook's stderr output.
+"""
+
+from vcd_helpers._quiet import import_tensorflow_quietly
+
+import_tensorflow_quietly()
+
+__version__ = "0.1.0"

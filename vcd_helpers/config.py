@@ -1,0 +1,423 @@
+"""Configuration: one frozen dataclass holding every hyperparameter, presets, and run profiles.
+
+``Config`` mirrors ../shared/design/vcd-algorithm.md; its defaults are the paper's settings.
+Every field is validated when the object is built, so a bad value fails at once with a
+ValueError that names the field, the value and what is allowed.
+
+Presets are JSON files in ``presets/`` holding only the fields that differ from the defaults:
+``default`` (the paper), ``global_cv``, ``bs_experiment`` (batch size from the user, learning
+rate from the tuned table) and ``test`` (one short epoch). ``load_config`` reads a preset by
+name or a JSON file by path and applies overrides.
+
+Run profiles size the *notebooks* (how many steps a chapter trains, how many importance samples
+it draws): ``test`` (seconds, used automatically by the test run), ``book`` (minutes per chapter
+on a 2-core CPU) and ``paper``. ``VCD_PROFILE`` picks one; ``active_profile()`` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+PRESET_DIR = Path(__file__).parent / "presets"
+NUM_TRAIN_EXAMPLES = 50_000
+
+#: Learning rates tuned per batch size by Graphcore (blog); the scale net gets half of each.
+TUNED_LEARNING_RATES: dict[int, float] = {16: 5e-4, 100: 5e-4, 128: 9e-4, 512: 9e-4, 1024: 1.3e-3}
+
+CONTROL_VARIATE_KINDS = ("none", "global", "local", "scheduled")
+METHODS = ("vcd", "vae")
+PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
+EVAL_SPLITS = ("valid", "test")
+
+
+def _fail(field_name: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"{field_name}={value!r} is invalid: {allowed}")
+
+
+def _positive_int(field_name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        _fail(field_name, value, "must be a positive integer")
+
+
+def _non_negative_int(field_name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(field_name, value, "must be a non-negative integer")
+
+
+def _positive_float(field_name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        _fail(field_name, value, "must be a positive finite number")
+
+
+def _fraction(field_name: str, value: Any, *, inclusive_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1
+    ok = ok and (value >= 0 if inclusive_low else value > 0)
+    if not ok:
+        _fail(field_name, value, "must lie in " + ("[0, 1)" if inclusive_low else "(0, 1)"))
+
+
+def _one_of(field_name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        _fail(field_name, value, f"must be one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The VAE's shape: latent size, hidden width, and the scale floor of the encoder."""
+
+    latent_dim: int = 10
+    hidden_units: int = 200
+    min_scale: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _positive_int("model.latent_dim", self.latent_dim)
+        _positive_int("model.hidden_units", self.hidden_units)
+        _positive_float("model.min_scale", self.min_scale)
+
+
+@dataclass(frozen=True)
+class HMCConfig:
+    """HMC inside each VCD step: 8 iterations of 5 leapfrog steps, step size adapted to 0.9."""
+
+    num_iterations: int = 8
+    num_leapfrog_steps: int = 5
+    initial_step_size: float = 0.05
+    target_accept_rate: float = 0.9
+    adaptation_rate: float = 0.01
+
+    def __post_init__(self) -> None:
+        _positive_int("hmc.num_iterations", self.num_iterations)
+        _positive_int("hmc.num_leapfrog_steps", self.num_leapfrog_steps)
+        _positive_float("hmc.initial_step_size", self.initial_step_size)
+        _fraction("hmc.target_accept_rate", self.target_accept_rate)
+        _positive_float("hmc.adaptation_rate", self.adaptation_rate)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The reference RMSProp variant and its step-decay schedule.
+
+    ``learning_rate`` is the rate of the encoder's mean net and of the decoder; the scale net
+    uses ``scale_learning_rate_ratio`` times it. ``None`` means: take it from
+    ``TUNED_LEARNING_RATES`` for the configured batch size (resolved by ``Config``).
+    """
+
+    learning_rate: float | None = 5e-4
+    scale_learning_rate_ratio: float = 0.5
+    rms_decay: float = 0.9
+    initial_mean_square: float = 0.01
+    lr_decay_rate: float = 0.9
+    lr_decay_epochs: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.learning_rate is not None:
+            _positive_float("optimizer.learning_rate", self.learning_rate)
+        _positive_float("optimizer.scale_learning_rate_ratio", self.scale_learning_rate_ratio)
+        _fraction("optimizer.rms_decay", self.rms_decay)
+        _positive_float("optimizer.initial_mean_square", self.initial_mean_square)
+        _positive_float("optimizer.lr_decay_rate", self.lr_decay_rate)
+        if self.lr_decay_rate > 1:
+            _fail("optimizer.lr_decay_rate", self.lr_decay_rate, "must lie in (0, 1]")
+        _positive_float("optimizer.lr_decay_epochs", self.lr_decay_epochs)
+
+
+@dataclass(frozen=True)
+class ControlVariateConfig:
+    """The score-function baseline: none, global (scalar), local (per example) or scheduled."""
+
+    kind: str = "scheduled"
+    decay: float = 0.9
+    switch_step: int = 3000
+
+    def __post_init__(self) -> None:
+        _one_of("control_variate.kind", self.kind, CONTROL_VARIATE_KINDS)
+        _fraction("control_variate.decay", self.decay, inclusive_low=True)
+        _non_negative_int("control_variate.switch_step", self.switch_step)
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """Importance-sampled log-likelihood: proposal, sample count, and the HMC that builds it.
+
+    ``num_examples`` of ``None`` means the whole split.
+    """
+
+    split: str = "test"
+    proposal: str = "hmc_moments"
+    num_samples: int = 20_000
+    chunk_size: int = 500
+    widen: float = 1.2
+    burn_in: int = 300
+    kept: int = 300
+    num_examples: int | None = None
+    batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        _one_of("evaluation.split", self.split, EVAL_SPLITS)
+        _one_of("evaluation.proposal", self.proposal, PROPOSALS)
+        _positive_int("evaluation.num_samples", self.num_samples)
+        _positive_int("evaluation.chunk_size", self.chunk_size)
+        _positive_float("evaluation.widen", self.widen)
+        _non_negative_int("evaluation.burn_in", self.burn_in)
+        _positive_int("evaluation.kept", self.kept)
+        if self.num_examples is not None:
+            _positive_int("evaluation.num_examples", self.num_examples)
+        _positive_int("evaluation.batch_size", self.batch_size)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one training run needs. Defaults are the paper's VCD run.
+
+    Exactly one of ``epochs`` and ``steps`` sets the length of the run; ``steps`` wins when
+    both are given by overrides (``epochs`` is then ignored and reported as such by
+    ``num_steps``).
+    """
+
+    name: str = "default"
+    method: str = "vcd"
+    batch_size: int | None = 100
+    epochs: float | None = 800
+    steps: int | None = None
+    seed: int = 0
+    train_examples: int = NUM_TRAIN_EXAMPLES
+    log_every_steps: int = 100
+    checkpoint_every_steps: int = 2000
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hmc: HMCConfig = field(default_factory=HMCConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    control_variate: ControlVariateConfig = field(default_factory=ControlVariateConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            _fail("name", self.name, "must be a non-empty string")
+        _one_of("method", self.method, METHODS)
+        if self.batch_size is None:
+            _fail(
+                "batch_size",
+                None,
+                "this preset needs a batch size (e.g. --batch-size 128); tuned ones are "
+                + ", ".join(map(str, TUNED_LEARNING_RATES)),
+            )
+        _positive_int("batch_size", self.batch_size)
+        if self.steps is None and self.epochs is None:
+            _fail("epochs", None, "give epochs or steps")
+        if self.steps is not None:
+            _positive_int("steps", self.steps)
+        if self.epochs is not None:
+            _positive_float("epochs", self.epochs)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            _fail("seed", self.seed, "must be an integer in [0, 2**31)")
+        _positive_int("train_examples", self.train_examples)
+        if self.train_examples > NUM_TRAIN_EXAMPLES:
+            _fail("train_examples", self.train_examples, f"must be at most {NUM_TRAIN_EXAMPLES}")
+        if self.batch_size > self.train_examples:
+            _fail("batch_size", self.batch_size, f"must not exceed train_examples={self.train_examples}")
+        _positive_int("log_every_steps", self.log_every_steps)
+        _positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
+        for name, kind in (("model", ModelConfig), ("hmc", HMCConfig), ("optimizer", OptimizerConfig),
+                           ("control_variate", ControlVariateConfig), ("evaluation", EvaluationConfig)):
+            if not isinstance(getattr(self, name), kind):
+                _fail(name, getattr(self, name), f"must be a {kind.__name__}")
+        if self.optimizer.learning_rate is None:
+            if self.batch_size not in TUNED_LEARNING_RATES:
+                _fail(
+                    "batch_size",
+                    self.batch_size,
+                    "has no tuned learning rate; give optimizer.learning_rate (--learning-rate) "
+                    "or use a tuned batch size: " + ", ".join(map(str, TUNED_LEARNING_RATES)),
+                )
+            tuned = dataclasses.replace(self.optimizer, learning_rate=TUNED_LEARNING_RATES[self.batch_size])
+            object.__setattr__(self, "optimizer", tuned)
+
+    # Derived quantities: computed, never stored, so they cannot disagree with the fields.
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per pass over the training examples (the last partial batch is dropped)."""
+        return self.train_examples // self.batch_size
+
+    @property
+    def num_steps(self) -> int:
+        """Length of the run in optimiser steps."""
+        if self.steps is not None:
+            return self.steps
+        return max(1, round(self.epochs * self.steps_per_epoch))
+
+    @property
+    def lr_decay_steps(self) -> int:
+        """Steps per learning-rate decay: ``lr_decay_epochs`` epochs of 50,000 examples."""
+        return max(1, round(self.optimizer.lr_decay_epochs * NUM_TRAIN_EXAMPLES / self.batch_size))
+
+    @property
+    def learning_rates(self) -> dict[str, float]:
+        """Initial learning rate of each parameter group."""
+        base = self.optimizer.learning_rate
+        return {"encoder_mean": base, "encoder_scale": base * self.optimizer.scale_learning_rate_ratio,
+                "decoder": base}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
+        """Build a Config from nested plain values; an unknown key is a ValueError."""
+        return _build(cls, values, prefix="")
+
+    def replace(self, **overrides: Any) -> "Config":
+        """A copy with ``overrides`` merged in; nested sections take dicts (``hmc={...}``)."""
+        return Config.from_dict(_merge(self.to_dict(), overrides, prefix=""))
+
+
+_SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
+             "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig}
+
+
+def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(values, Mapping):
+        _fail(prefix.rstrip(".") or "config", values, "must be a JSON object")
+    known = {f.name for f in dataclasses.fields(kind)}
+    for key in values:
+        if key not in known:
+            raise ValueError(
+                f"unknown configuration key {prefix + key!r}: allowed keys are {', '.join(sorted(known))}"
+            )
+    kwargs = {}
+    for key, value in values.items():
+        if kind is Config and key in _SECTIONS:
+            value = _build(_SECTIONS[key], value, prefix=f"{key}.")
+        kwargs[key] = value
+    return kind(**kwargs)
+
+
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if key not in merged:
+            raise ValueError(
+                f"unknown configuration key {prefix + key!r}: allowed keys are {', '.join(sorted(merged))}"
+            )
+        if isinstance(merged[key], dict) and isinstance(value, Mapping):
+            merged[key] = _merge(merged[key], value, prefix=f"{prefix}{key}.")
+        else:
+            merged[key] = value
+    return merged
+
+
+def available_presets() -> list[str]:
+    """Names of the JSON presets shipped with the package."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
+    """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``test``) or a JSON
+    file by path, then apply ``overrides`` (top-level fields, or dicts for nested sections).
+
+    Overrides whose value is ``None`` are ignored, so command-line options left unset fall
+    through to the preset.
+    """
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        if str(name_or_path) not in available_presets():
+            raise ValueError(
+                f"unknown preset {str(name_or_path)!r}: presets are {', '.join(available_presets())}, "
+                "or give a path to a .json file"
+            )
+        path = PRESET_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"config file {str(path)!r} is not valid JSON: {error}") from error
+    values = _merge(Config().to_dict(), values, prefix="")
+    # The preset may leave batch_size or learning_rate unset (bs_experiment); overrides fill them.
+    values = _merge(values, _drop_none(overrides), prefix="")
+    return Config.from_dict(values)
+
+
+def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            value = _drop_none(value)
+            if value:
+                out[key] = value
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Run profiles: how big the notebooks' experiments are.
+
+PROFILE_ENV_VAR = "VCD_PROFILE"
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    """How much work each chapter does.
+
+    ``train_steps``: optimiser steps of a chapter's training run; ``eval_examples``,
+    ``eval_samples``, ``eval_burn_in``, ``eval_kept``: the importance-sampled evaluation;
+    ``hmc_examples``: test digits in the HMC demonstrations.
+    """
+
+    name: str
+    train_steps: int
+    eval_examples: int
+    eval_samples: int
+    eval_burn_in: int
+    eval_kept: int
+    hmc_examples: int
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "name":
+                _positive_int(f"profile.{f.name}", getattr(self, f.name))
+
+    def evaluation_config(self, base: EvaluationConfig | None = None) -> EvaluationConfig:
+        """``base`` (default: the paper's) resized to this profile."""
+        return dataclasses.replace(
+            base or EvaluationConfig(),
+            num_examples=self.eval_examples,
+            num_samples=self.eval_samples,
+            chunk_size=min(self.eval_samples, EvaluationConfig().chunk_size),
+            burn_in=self.eval_burn_in,
+            kept=self.eval_kept,
+        )
+
+
+PROFILES: dict[str, RunProfile] = {
+    "test": RunProfile("test", train_steps=30, eval_examples=20, eval_samples=100,
+                       eval_burn_in=10, eval_kept=10, hmc_examples=8),
+    "book": RunProfile("book", train_steps=3000, eval_examples=1000, eval_samples=1000,
+                       eval_burn_in=100, eval_kept=100, hmc_examples=100),
+    "paper": RunProfile("paper", train_steps=400_000, eval_examples=10_000, eval_samples=20_000,
+                        eval_burn_in=300, eval_kept=300, hmc_examples=1000),
+}
+DEFAULT_PROFILE = "book"
+
+
+def get_profile(name: str) -> RunProfile:
+    if name not in PROFILES:
+        raise ValueError(f"profile {name!r} is invalid: must be one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def active_profile() -> RunProfile:
+    """The profile named by ``$VCD_PROFILE`` (``book`` when unset)."""
+    name = os.environ.get(PROFILE_ENV_VAR, "").strip() or DEFAULT_PROFILE
+    try:
+        return get_profile(name)
+    except ValueError as error:
+        raise ValueError(f"${PROFILE_ENV_VAR}: {error}") from None

@@ -1,0 +1,81 @@
+"""What hardware is here, and how to carve one physical device into several logical ones.
+
+The multi-device chapters run on logical devices so that they work on any machine: one CPU split
+into N logical CPUs behaves, for placement and communication, like N devices. TensorFlow only
+accepts such a split before it initialises its devices (the first op, or the first
+``list_logical_devices``), so ``split_physical_device`` must be called first in a process.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import tensorflow as tf
+
+
+def device_summary() -> dict[str, object]:
+    """Physical and logical devices, CPU count and TensorFlow build facts, as plain values."""
+    physical = tf.config.list_physical_devices()
+    logical = tf.config.list_logical_devices()
+    build = tf.sysconfig.get_build_info()
+    return {
+        "tensorflow": tf.__version__,
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "physical_devices": [f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in physical],
+        "logical_devices": [d.name for d in logical],
+        "gpus": [d.name for d in physical if d.device_type == "GPU"],
+        "cuda_build": bool(build.get("is_cuda_build", False)),
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0",
+    }
+
+
+def format_device_summary(summary: dict[str, object] | None = None) -> str:
+    """``device_summary()`` as a few readable lines."""
+    s = summary or device_summary()
+    gpus = ", ".join(s["gpus"]) or "none"
+    return (
+        f"TensorFlow {s['tensorflow']} on {s['machine']} with {s['cpu_count']} CPU cores\n"
+        f"GPUs: {gpus}\n"
+        f"logical devices: {', '.join(s['logical_devices'])}"
+    )
+
+
+def split_physical_device(num_logical: int, device_type: str = "CPU",
+                          memory_limit_mb: int | None = None) -> list[str]:
+    """Split the first physical ``device_type`` device into ``num_logical`` logical devices.
+
+    Returns the logical device names of that type. Calling it again with the same split is a
+    no-op (so a notebook cell can be re-run). ``memory_limit_mb`` is required for GPUs (each
+    logical GPU gets that much) and ignored for CPUs.
+
+    Raises:
+      ValueError: ``num_logical`` is not a positive integer, or no such device exists.
+      RuntimeError: TensorFlow already initialised its devices with a different split.
+    """
+    if isinstance(num_logical, bool) or not isinstance(num_logical, int) or num_logical < 1:
+        raise ValueError(f"num_logical={num_logical!r} is invalid: must be a positive integer")
+    if device_type not in ("CPU", "GPU"):
+        raise ValueError(f"device_type={device_type!r} is invalid: must be 'CPU' or 'GPU'")
+    if device_type == "GPU" and memory_limit_mb is None:
+        raise ValueError("memory_limit_mb is required when splitting a GPU (MiB per logical GPU)")
+    physical = tf.config.list_physical_devices(device_type)
+    if not physical:
+        raise ValueError(f"no physical {device_type} device found; devices here: "
+                         f"{[d.name for d in tf.config.list_physical_devices()]}")
+    limit = memory_limit_mb if device_type == "GPU" else None
+    wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=limit) for _ in range(num_logical)]
+    try:
+        tf.config.set_logical_device_configuration(physical[0], wanted)
+    except RuntimeError as error:
+        current = [d.name for d in tf.config.list_logical_devices(device_type)]
+        if len(current) == num_logical:
+            return current
+        raise RuntimeError(
+            f"split_physical_device({num_logical}) was called after TensorFlow initialised its "
+            f"devices (it now has {len(current)} logical {device_type} device(s)). Call it first, "
+            "before any TensorFlow op runs: restart the kernel or process and call it right after "
+            f"the imports. TensorFlow said: {error}"
+        ) from None
+    return [d.name for d in tf.config.list_logical_devices(device_type)]

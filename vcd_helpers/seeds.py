@@ -1,0 +1,32 @@
+"""Stateless seeds: every random draw in the package takes an explicit ``[2]`` int32 seed.
+
+A run with a given integer seed is reproducible on the same machine, whatever was run before
+it, because no op reads a global random state. Seeds are split, never reused: ``split_seed``
+derives independent child seeds from a parent.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+SeedLike = int | tf.Tensor
+
+
+def as_seed(seed: SeedLike) -> tf.Tensor:
+    """A stateless seed, shape [2], int32, from an int or an existing seed tensor."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return tf.constant([0, seed], dtype=tf.int32)
+    seed = tf.convert_to_tensor(seed)
+    if seed.shape != (2,):
+        raise ValueError(f"seed has shape {seed.shape}: a stateless seed has shape [2]")
+    return tf.cast(seed, tf.int32)
+
+
+def split_seed(seed: SeedLike, num: int = 2) -> tf.Tensor:
+    """``num`` independent seeds derived from ``seed``: shape [num, 2], int32."""
+    return tf.random.experimental.stateless_split(as_seed(seed), num=num)
+
+
+def fold_in(seed: SeedLike, data: int | tf.Tensor) -> tf.Tensor:
+    """A seed for the ``data``-th use of ``seed`` (e.g. a step counter): shape [2]."""
+    return tf.random.experimental.stateless_fold_in(as_seed(seed), tf.cast(data, tf.int32))
