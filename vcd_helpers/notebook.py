@@ -1,0 +1,40 @@
+"""Helpers for the chapters: show the package's real code, and sign off with a watermark.
+
+The notebooks teach by showing the package's own functions (never a copy in a cell) and then
+calling them. Used by notebooks only; nothing in the package imports this module.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import platform
+import sys
+from importlib import metadata
+
+from IPython.display import Code
+
+from vcd_helpers.config import active_profile
+
+WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", "matplotlib",
+                      "ipywidgets", "jupyter-book", "vcd_helpers")
+
+
+def show_source(obj: object) -> Code:
+    """The source of a function, class or module from the package, syntax-highlighted."""
+    return Code(inspect.getsource(obj), language="python")
+
+
+def watermark() -> str:
+    """Date, machine, Python and package versions, and the active run profile."""
+    lines = [
+        f"Last run: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"Machine: {platform.machine()} {platform.system()}, Python {sys.version.split()[0]}",
+        f"Run profile: {active_profile().name}",
+    ]
+    for package in WATERMARK_PACKAGES:
+        try:
+            lines.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"{package}: not installed")
+    return "\n".join(lines)
