@@ -151,7 +151,7 @@ class EvaluationConfig:
     split: str = "test"
     proposal: str = "hmc_moments"
     num_samples: int = 20_000
-    chunk_size: int = 500
+    chunk_size: int = 100  # samples per chunk: chunk x batch x 784 logits live at once
     widen: float = 1.2
     burn_in: int = 300
     kept: int = 300

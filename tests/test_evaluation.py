@@ -1,0 +1,67 @@
+"""vcd_helpers.evaluation on a linear-Gaussian latent model, whose marginal likelihood is exact.
+
+    z ~ N(0, I_D),  x | z ~ N(W z + c, s^2 I_P)   =>   x ~ N(c, W W^T + s^2 I_P)
+    p(z | x) = N(m, S),  S = (I + W^T W / s^2)^-1,  m = S W^T (x - c) / s^2
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from vcd_helpers.evaluation import importance_sampled_log_likelihood
+
+tfd = tfp.distributions
+D, P, NOISE = 3, 6, 0.7
+rng = np.random.default_rng(0)
+W = rng.normal(size=(P, D))
+C = rng.normal(size=P)
+
+
+def log_joint(x, z):
+    """x [B, P], z [S, B, D] -> [S, B]."""
+    mean = tf.einsum("pd,sbd->sbp", W, z) + C
+    return (tfd.Independent(tfd.Normal(mean, NOISE), 1).log_prob(x)
+            + tfd.Independent(tfd.Normal(tf.zeros_like(z), 1.0), 1).log_prob(z))
+
+
+def exact_posterior(x):
+    cov = np.linalg.inv(np.eye(D) + W.T @ W / NOISE**2)
+    mean = (x - C) @ W @ cov.T / NOISE**2
+    return mean, np.sqrt(np.diag(cov))
+
+
+def test_matches_the_exact_marginal_likelihood():
+    x = rng.normal(size=(8, P)) * 2
+    exact = tfd.MultivariateNormalFullCovariance(C, W @ W.T + NOISE**2 * np.eye(P)).log_prob(x).numpy()
+    mean, std = exact_posterior(x)
+    estimate = importance_sampled_log_likelihood(
+        log_joint, tf.constant(x), tf.constant(mean), tf.constant(np.tile(1.2 * std, (8, 1))),
+        num_samples=20_000, chunk_size=1_500, seed=3).numpy()
+    # A diagonal, widened proposal of a correlated posterior still gives an exact-in-the-limit
+    # estimate; with 20,000 samples it is within a few hundredths of a nat.
+    np.testing.assert_allclose(estimate, exact, atol=0.03)
+
+
+def test_zero_variance_proposal_is_exact_for_any_chunking():
+    # With orthogonal columns in W the posterior is diagonal; proposing from it exactly makes
+    # every weight equal p(x), so any chunking, partial last chunk included, must be exact.
+    q, _ = np.linalg.qr(rng.normal(size=(P, D)))
+    w_orth = q * np.array([1.5, 0.7, 2.0])
+
+    def log_joint_orth(x, z):
+        mean = tf.einsum("pd,sbd->sbp", w_orth, z) + C
+        return (tfd.Independent(tfd.Normal(mean, NOISE), 1).log_prob(x)
+                + tfd.Independent(tfd.Normal(tf.zeros_like(z), 1.0), 1).log_prob(z))
+
+    x = rng.normal(size=(5, P))
+    cov = np.linalg.inv(np.eye(D) + w_orth.T @ w_orth / NOISE**2)
+    assert np.allclose(cov, np.diag(np.diag(cov)))
+    mean = (x - C) @ w_orth @ cov.T / NOISE**2
+    exact = tfd.MultivariateNormalFullCovariance(C, w_orth @ w_orth.T + NOISE**2 * np.eye(P)).log_prob(x).numpy()
+    scale = tf.constant(np.tile(np.sqrt(np.diag(cov)), (5, 1)))
+    for num_samples, chunk_size in [(10, 10), (1000, 300), (7, 3), (5, 50)]:
+        estimate = importance_sampled_log_likelihood(log_joint_orth, tf.constant(x), tf.constant(mean), scale,
+                                                     num_samples=num_samples, chunk_size=chunk_size, seed=2)
+        np.testing.assert_allclose(estimate, exact, atol=1e-9, err_msg=f"S={num_samples}, chunk={chunk_size}")

@@ -1,0 +1,37 @@
+"""vcd_helpers.optim: the reference RMSProp variant against a hand computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from vcd_helpers.config import load_config
+from vcd_helpers.optim import ReferenceRMSProp, make_optimizers, step_decay
+
+
+def test_two_steps_match_a_hand_computation():
+    theta = tf.Variable([1.0, -2.0])
+    opt = ReferenceRMSProp([theta], learning_rate=0.1, decay_steps=1, decay_rate=0.5)
+    g1, g2 = np.array([0.5, -1.0]), np.array([2.0, 0.0])
+    opt.apply_gradients([tf.constant(g1, tf.float32)], step=tf.constant(0))
+    opt.apply_gradients([tf.constant(g2, tf.float32)], step=tf.constant(1))
+    # By hand: ms starts at 0.01; the learning rate halves at step 1 (decay_steps=1).
+    ms1 = 0.9 * 0.01 + 0.1 * g1**2
+    t1 = np.array([1.0, -2.0]) - 0.1 * g1 / (1 + np.sqrt(ms1))
+    ms2 = 0.9 * ms1 + 0.1 * g2**2
+    t2 = t1 - 0.05 * g2 / (1 + np.sqrt(ms2))
+    np.testing.assert_allclose(opt.mean_squares[0].numpy(), ms2, rtol=1e-6)
+    np.testing.assert_allclose(theta.numpy(), t2, rtol=1e-6)
+
+
+def test_step_decay_schedule():
+    rates = [float(step_decay(5e-4, 0.9, 15_000, tf.constant(s))) for s in (0, 14_999, 15_000, 45_001)]
+    np.testing.assert_allclose(rates, [5e-4, 5e-4, 4.5e-4, 5e-4 * 0.9**3], rtol=1e-6)
+
+
+def test_make_optimizers_uses_group_rates():
+    config = load_config("default")
+    groups = {"encoder_mean": [tf.Variable(0.0)], "encoder_scale": [tf.Variable(0.0)], "decoder": [tf.Variable(0.0)]}
+    optimizers = make_optimizers(groups, config)
+    assert {k: o.learning_rate for k, o in optimizers.items()} == config.learning_rates
+    assert all(o.decay_steps == 15_000 for o in optimizers.values())

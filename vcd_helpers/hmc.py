@@ -1,0 +1,151 @@
+"""Hamiltonian Monte Carlo for a batch of independent chains, as in the VCD reference code.
+
+Each iteration draws a fresh momentum p ~ N(0, I) (identity mass matrix), integrates
+Hamilton's equations with ``num_leapfrog_steps`` leapfrog steps of size ``step_size``, and
+accepts or rejects the end point per chain with the Metropolis rule. One scalar step size is
+shared by all chains and dimensions and, when adapting, moves after every iteration towards a
+target acceptance rate (the reference's rule):
+
+    step_size <- step_size + adaptation_rate * ((mean_accept - target) / target) * step_size
+
+where mean_accept is the fraction of chains that accepted in that iteration.
+
+The gradient of the log density at the current state is carried from one iteration to the
+next: a trajectory of L leapfrog steps then costs L gradient evaluations instead of the
+reference's L + 1 (5 instead of 6 per iteration, 41 instead of 48 per 8-iteration chain).
+
+Gradients never flow through the chain: the initial state and step size are wrapped in
+``stop_gradient`` and each gradient of the target is taken with respect to the state only.
+Call it outside any outer ``GradientTape`` (or inside ``tape.stop_recording()``) so that the
+tape does not keep the loop's intermediates alive.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+from vcd_helpers.seeds import SeedLike, as_seed
+
+TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
+
+
+class HMCTrace(NamedTuple):
+    """Per-iteration history. states [T, B, D]; log_probs [T, B]; accept_rates [T]; step_sizes [T]
+    (the step size used in that iteration)."""
+
+    states: tf.Tensor
+    log_probs: tf.Tensor
+    accept_rates: tf.Tensor
+    step_sizes: tf.Tensor
+
+
+class HMCResult(NamedTuple):
+    """final_state [B, D]; final_log_prob [B]; step_size: the adapted scalar after the last
+    iteration; accept_rate: mean acceptance over chains and iterations; trace: HMCTrace or None."""
+
+    final_state: tf.Tensor
+    final_log_prob: tf.Tensor
+    step_size: tf.Tensor
+    accept_rate: tf.Tensor
+    trace: HMCTrace | None
+
+
+def value_and_gradient(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """log density [B] and its gradient [B, D] with respect to ``state`` only.
+
+    Chains are independent, so the gradient of the sum over chains is each chain's gradient.
+    ``watch_accessed_variables=False`` keeps model weights out of this tape.
+    """
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(state)
+        log_prob = target_log_prob_fn(state)
+    return log_prob, tape.gradient(log_prob, state)
+
+
+def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf.Tensor, gradient: tf.Tensor,
+             step_size: tf.Tensor, num_steps: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``num_steps`` leapfrog steps from (state, momentum), given the gradient at ``state``.
+
+    Returns (state, momentum, log_prob, gradient) at the end of the trajectory; exactly
+    ``num_steps`` gradient evaluations. Shapes: state, momentum, gradient [B, D]; log_prob [B].
+    """
+    momentum = momentum + 0.5 * step_size * gradient
+
+    def body(k, z, p, _, __):
+        z = z + step_size * p
+        log_prob, grad = value_and_gradient(target_log_prob_fn, z)
+        # Full momentum steps inside the trajectory, a closing half step at its end.
+        weight = tf.where(k == num_steps - 1, tf.constant(0.5, z.dtype), tf.constant(1.0, z.dtype))
+        return k + 1, z, p + weight * step_size * grad, log_prob, grad
+
+    batch = tf.shape(state)[0]
+    _, state, momentum, log_prob, gradient = tf.while_loop(
+        lambda k, *_: k < num_steps, body,
+        (tf.constant(0), state, momentum, tf.zeros([batch], state.dtype), gradient))
+    return state, momentum, log_prob, gradient
+
+
+def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, step_size: float | tf.Tensor, *,
+              num_iterations: int, num_leapfrog_steps: int, seed: SeedLike, adapt_step_size: bool = True,
+              target_accept_rate: float = 0.9, adaptation_rate: float = 0.01,
+              return_trace: bool = False) -> HMCResult:
+    """Run ``num_iterations`` HMC iterations of a batch of independent chains.
+
+    Args:
+      target_log_prob_fn: maps states [B, D] to log densities [B] (up to a constant).
+      initial_state: [B, D], one row per chain.
+      step_size: the initial scalar leapfrog step size.
+      num_iterations, num_leapfrog_steps: Python ints.
+      seed: a stateless seed; the same seed gives the same chain.
+      adapt_step_size: adapt the step size after every iteration (see the module docstring).
+      return_trace: also return the per-iteration history.
+
+    Works eagerly, inside ``tf.function`` and under XLA (``jit_compile=True``).
+    """
+    for name, value in (("num_iterations", num_iterations), ("num_leapfrog_steps", num_leapfrog_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: must be a positive Python int")
+    if not 0.0 < target_accept_rate < 1.0:
+        raise ValueError(f"target_accept_rate={target_accept_rate!r} is invalid: must lie in (0, 1)")
+
+    state = tf.stop_gradient(tf.convert_to_tensor(initial_state))
+    if state.shape.rank != 2:
+        raise ValueError(f"initial_state has shape {state.shape}: expected [chains, dims]")
+    dtype = state.dtype
+    step_size = tf.stop_gradient(tf.cast(step_size, dtype))
+    iteration_seeds = tf.random.experimental.stateless_split(as_seed(seed), num=num_iterations)
+    log_prob, gradient = value_and_gradient(target_log_prob_fn, state)
+
+    def kinetic(p):
+        return 0.5 * tf.reduce_sum(tf.square(p), axis=-1)
+
+    def body(i, state, log_prob, gradient, step_size, accept_sum, traces):
+        momentum_seed, accept_seed = tf.unstack(tf.random.experimental.stateless_split(iteration_seeds[i], 2))
+        momentum = tf.random.stateless_normal(tf.shape(state), seed=momentum_seed, dtype=dtype)
+        new_state, new_momentum, new_log_prob, new_gradient = leapfrog(
+            target_log_prob_fn, state, momentum, gradient, step_size, num_leapfrog_steps)
+        # log of the Metropolis ratio exp(H_current - H_proposed); a diverged trajectory is rejected.
+        log_ratio = (new_log_prob - kinetic(new_momentum)) - (log_prob - kinetic(momentum))
+        log_ratio = tf.where(tf.math.is_finite(log_ratio), log_ratio, tf.constant(-float("inf"), dtype))
+        uniform = tf.random.stateless_uniform(tf.shape(log_prob), seed=accept_seed, dtype=dtype)
+        accept = tf.math.log(uniform) < log_ratio
+        state = tf.where(accept[:, None], new_state, state)
+        log_prob = tf.where(accept, new_log_prob, log_prob)
+        gradient = tf.where(accept[:, None], new_gradient, gradient)
+        accept_rate = tf.reduce_mean(tf.cast(accept, dtype))
+        if return_trace:
+            traces = (traces[0].write(i, state), traces[1].write(i, log_prob),
+                      traces[2].write(i, accept_rate), traces[3].write(i, step_size))
+        if adapt_step_size:
+            step_size = step_size + adaptation_rate * ((accept_rate - target_accept_rate) / target_accept_rate) * step_size
+        return i + 1, state, log_prob, gradient, step_size, accept_sum + accept_rate, traces
+
+    traces = tuple(tf.TensorArray(dtype, size=num_iterations) for _ in range(4)) if return_trace else ()
+    _, state, log_prob, _, step_size, accept_sum, traces = tf.while_loop(
+        lambda i, *_: i < num_iterations, body,
+        (tf.constant(0), state, log_prob, gradient, step_size, tf.constant(0.0, dtype), traces))
+    trace = HMCTrace(*(t.stack() for t in traces)) if return_trace else None
+    return HMCResult(final_state=state, final_log_prob=log_prob, step_size=step_size,
+                     accept_rate=accept_sum / num_iterations, trace=trace)
