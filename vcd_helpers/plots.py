@@ -24,3 +24,48 @@ def image_grid(images: np.ndarray, rows: int, cols: int, *, ax: plt.Axes | None 
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_training_curve(history: dict[str, np.ndarray], *, key: str = "loss", ax: plt.Axes | None = None,
+                        label: str | None = None, window: int = 50) -> plt.Axes:
+    """A metric against the step, raw (faint) and as a running mean over ``window`` steps."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    steps, values = history["step"], history[key]
+    line, = ax.plot(steps, values, alpha=0.25)
+    if len(values) >= window:
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, color=line.get_color(), label=label)
+    ax.set(xlabel="training step", ylabel=key)
+    return ax
+
+
+def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_sizes: np.ndarray,
+                 before: np.ndarray, after: np.ndarray, *, title: str = "") -> plt.Figure:
+    """Four panels for an HMC run on p(z | x) of several digits.
+
+    trace_log_probs [T + 1, B] (row 0 at the start), accept_rates [T], step_sizes [T];
+    before, after [n, 784]: decoder means at the first and last state of n chains.
+    """
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
+    iterations = np.arange(len(trace_log_probs))
+    mean = trace_log_probs.mean(axis=1)
+    low, high = np.percentile(trace_log_probs, [10, 90], axis=1)
+    axes[0].fill_between(iterations, low, high, alpha=0.3, label="10-90% of chains")
+    axes[0].plot(iterations, mean, label="mean")
+    axes[0].set(xlabel="HMC iteration", ylabel="log p(x, z)", title="log joint along the chain")
+    axes[0].legend(loc="lower right")
+    ax_rate = axes[1]
+    ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green")
+    ax_rate.axhline(0.9, ls="--", color="gray", lw=1)
+    ax_rate.set(xlabel="HMC iteration", ylabel="acceptance", ylim=(0, 1.05), title="acceptance and step size")
+    ax_step = ax_rate.twinx()
+    ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red")
+    ax_step.set_ylabel("step size", color="tab:red")
+    n = min(len(before), 16)
+    image_grid(before, 4, n // 4, ax=axes[2], title="decoded z at the start")
+    image_grid(after, 4, n // 4, ax=axes[3], title="decoded z at the end")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
