@@ -16,8 +16,10 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from vcd_helpers.config import Config
+from vcd_helpers.control_variates import ControlVariate
+from vcd_helpers.hmc import hmc_chain
 from vcd_helpers.model import VAE
-from vcd_helpers.objectives import elbo
+from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
 
 
@@ -53,6 +55,56 @@ class VAETrainer(tf.Module):
         return {"loss": loss / tf.cast(tf.shape(x)[0], loss.dtype)}
 
 
+class VCDTrainer(tf.Module):
+    """VCD: encoder sample z0, an HMC chain to zT, both surrogate losses, group-wise updates.
+
+    State that persists across steps: the optimisers' slots, the control variate, the adapted
+    HMC step size and the step counter.
+    """
+
+    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
+        super().__init__(name="vcd_trainer")
+        self.model = model
+        self.config = config
+        self.optimizers = make_optimizers(model.parameter_groups(), config)
+        self.control_variate = ControlVariate(config.control_variate, config.train_examples)
+        self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.seed = tf.constant([config.seed, 2], tf.int32)
+        self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
+
+    def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
+        hmc = self.config.hmc
+        groups = self.model.parameter_groups()
+        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
+            tf.random.experimental.stateless_fold_in(self.seed, self.step), 2))
+        baseline = self.control_variate.values(index, self.step)  # from before this step's update
+        with tf.GradientTape(persistent=True) as tape:
+            loc, scale = self.model.encoder(x)
+            z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+            with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
+                chain = hmc_chain(lambda z: self.model.log_joint(x, z), z0, self.step_size,
+                                  num_iterations=hmc.num_iterations, num_leapfrog_steps=hmc.num_leapfrog_steps,
+                                  seed=chain_seed, target_accept_rate=hmc.target_accept_rate,
+                                  adaptation_rate=hmc.adaptation_rate)
+            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0,
+                                                                 chain.final_state, baseline)
+        encoder_groups = {name: groups[name] for name in ("encoder_mean", "encoder_scale")}
+        gradients = tape.gradient(encoder_loss, encoder_groups)
+        gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
+        del tape
+        for name, optimizer in self.optimizers.items():
+            optimizer.apply_gradients(gradients[name], self.step)
+        self.control_variate.update(index, g, self.step)
+        self.step_size.assign(chain.step_size)
+        self.step.assign_add(1)
+        batch = tf.cast(tf.shape(x)[0], encoder_loss.dtype)
+        return {"encoder_loss": encoder_loss / batch, "decoder_loss": decoder_loss / batch,
+                "accept_rate": chain.accept_rate, "step_size": chain.step_size,
+                "control_variate": tf.reduce_mean(baseline)}
+
+
 def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool = True,
         description: str = "training") -> dict[str, np.ndarray]:
     """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs) in a host loop.
@@ -77,6 +129,6 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool =
         history["wall_time"].append(time.perf_counter() - start)
         bar.update(1)
         if step % 50 == 0:
-            bar.set_postfix({name: f"{value:.2f}" for name, value in metrics.items()})
+            bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()})
     bar.close()
     return {name: np.asarray(values) for name, values in history.items()}

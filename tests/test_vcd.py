@@ -1,0 +1,100 @@
+"""VCD pieces: the surrogate losses' gradients, the control variates, one training step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers.config import ControlVariateConfig, load_config
+from vcd_helpers.control_variates import ControlVariate
+from vcd_helpers.model import VAE, bernoulli_log_likelihood
+from vcd_helpers.objectives import vcd_surrogate_losses
+from vcd_helpers.training import VCDTrainer
+
+
+def _batch(n=6, seed=0):
+    return tf.cast(tf.random.stateless_uniform([n, 784], seed=[seed, 1]) < 0.2, tf.float32)
+
+
+def test_decoder_loss_gradient_is_the_likelihood_at_zT():
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * tf.random.stateless_normal([6, 10], seed=[2, 2])
+        _, decoder_loss, _ = vcd_surrogate_losses(model, x, loc, scale, z0, zT, tf.zeros([6]))
+        reference = -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))
+    for a, b in zip(tape.gradient(decoder_loss, model.decoder.trainable_variables),
+                    tape.gradient(reference, model.decoder.trainable_variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_score_term_vanishes_when_the_baseline_equals_g():
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    eps = tf.random.stateless_normal([6, 10], seed=[2, 2])
+
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * eps
+        _, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, zT, tf.zeros([6]))
+        encoder_loss, _, _ = vcd_surrogate_losses(model, x, loc, scale, z0, zT, g)
+        no_score = tf.reduce_sum(-model.log_joint(x, z0) + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), -1))
+    variables = model.encoder.trainable_variables
+    for a, b in zip(tape.gradient(encoder_loss, variables), tape.gradient(no_score, variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3 * float(tf.reduce_max(tf.abs(b))) + 1e-6)
+
+
+def test_score_term_gradient_wrt_the_mean_is_analytic():
+    # d/d mu of stop(w) * log N(stop(z0); mu, sigma) = w * (z0 - mu) / sigma^2
+    model = VAE(seed=0)
+    x = _batch(3)
+    loc = tf.Variable(tf.zeros([3, 10]))
+    scale = tf.fill([3, 10], 0.5)
+    z0 = tf.random.stateless_normal([3, 10], seed=[3, 3])
+    zT = loc + 0.0  # quadratic term's gradient at zT = mu is zero
+    with tf.GradientTape() as tape:
+        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, tf.stop_gradient(zT), tf.zeros([3]))
+        pathwise = -tf.reduce_sum(model.log_joint(x, z0))
+        score_only = encoder_loss - pathwise - tf.reduce_sum(g)
+    expected = g[:, None] * (z0 - loc) / 0.25
+    np.testing.assert_allclose(tape.gradient(score_only, loc), expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["none", "global", "local", "scheduled"])
+def test_control_variate_values_and_updates(kind):
+    cv = ControlVariate(ControlVariateConfig(kind=kind, decay=0.9, switch_step=2), num_examples=5)
+    index = tf.constant([0, 3])
+    g = tf.constant([10.0, 20.0])
+    np.testing.assert_array_equal(cv.values(index, tf.constant(0)), [0.0, 0.0])
+    for step in range(4):
+        before = cv.values(index, tf.constant(step)).numpy()
+        cv.update(index, g, tf.constant(step))
+        after = cv.values(index, tf.constant(step + 1)).numpy()
+        if kind == "none":
+            assert np.all(after == 0)
+        elif kind == "global" or (kind == "scheduled" and step < 1):
+            np.testing.assert_allclose(after, [0.9 * before[0] + 1.5] * 2, rtol=1e-6)
+        elif kind == "local" or (kind == "scheduled" and step >= 2):
+            np.testing.assert_allclose(after, 0.9 * before + 0.1 * g.numpy(), rtol=1e-6)
+    if kind == "scheduled":
+        # At the switch every example, seen or not, starts from the global value.
+        assert cv.local_values.numpy()[1] == pytest.approx(float(cv.global_value))
+    assert (cv.local_values is None) == (kind in ("none", "global"))
+
+
+def test_one_vcd_step_updates_every_piece_of_state():
+    config = load_config("default", steps=2, control_variate={"kind": "local"}, train_examples=200)
+    trainer = VCDTrainer(VAE(config.model, seed=0), config)
+    decoder_before = [v.numpy().copy() for v in trainer.model.decoder.trainable_variables]
+    encoder_before = [v.numpy().copy() for v in trainer.model.encoder.trainable_variables]
+    metrics = trainer.train_step(tf.constant([4, 7, 9]), _batch(3))
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert int(trainer.step) == 1 and float(trainer.step_size) != 0.05
+    assert all(not np.array_equal(a, b.numpy()) for a, b in zip(decoder_before, trainer.model.decoder.trainable_variables))
+    assert all(not np.array_equal(a, b.numpy()) for a, b in zip(encoder_before, trainer.model.encoder.trainable_variables))
+    local = trainer.control_variate.local_values.numpy()
+    assert np.count_nonzero(local) == 3 and np.all(local[[4, 7, 9]] != 0)
