@@ -391,7 +391,3 @@ def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_ste
             .map(with_images, num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
 
-
-def evaluation_batches(images: np.ndarray, batch_size: int) -> tf.data.Dataset:
-    """``images`` in order, as float32 batches of at most ``batch_size`` (nothing dropped)."""
-    return tf.data.Dataset.from_tensor_slices(images.astype(np.float32)).batch(batch_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.model import VAE, bernoulli_log_likelihood
+from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 
 tfd = tfp.distributions
 
@@ -49,10 +49,11 @@ def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Ten
     """
     zT = tf.stop_gradient(zT)
     quadratic = 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), axis=-1)
-    log_joint_zT = tf.stop_gradient(model.log_joint(x, zT))
-    g = log_joint_zT + quadratic
+    # One decoder pass at zT serves both g (stopped) and the decoder loss (differentiated).
+    log_likelihood_zT = bernoulli_log_likelihood(x, model.decoder(zT))
+    g = tf.stop_gradient(log_likelihood_zT + standard_normal_log_prob(zT)) + quadratic
     log_q0 = posterior_distribution(loc, scale).log_prob(tf.stop_gradient(z0))
     score_weight = tf.stop_gradient(g - baseline)
     encoder_loss = tf.reduce_sum(-model.log_joint(x, z0) + g + score_weight * log_q0)
-    decoder_loss = -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))
+    decoder_loss = -tf.reduce_sum(log_likelihood_zT)
     return encoder_loss, decoder_loss, tf.stop_gradient(g)
