@@ -222,6 +222,10 @@ class Config:
             _fail("batch_size", self.batch_size, f"must not exceed train_examples={self.train_examples}")
         _positive_int("log_every_steps", self.log_every_steps)
         _positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
+        if self.checkpoint_every_steps % self.log_every_steps:
+            # A resumed run then restarts on a logging-window boundary and writes the same rows.
+            _fail("checkpoint_every_steps", self.checkpoint_every_steps,
+                  f"must be a multiple of log_every_steps={self.log_every_steps}")
         for name, kind in (("model", ModelConfig), ("hmc", HMCConfig), ("optimizer", OptimizerConfig),
                            ("control_variate", ControlVariateConfig), ("evaluation", EvaluationConfig)):
             if not isinstance(getattr(self, name), kind):
@@ -318,13 +322,9 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
-def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
-    """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``test``) or a JSON
-    file by path, then apply ``overrides`` (top-level fields, or dicts for nested sections).
-
-    Overrides whose value is ``None`` are ignored, so command-line options left unset fall
-    through to the preset.
-    """
+def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]:
+    """The plain nested values of a preset (by name) or a JSON file (by path), merged over the
+    defaults and not yet validated: a preset may leave ``batch_size`` unset for the caller."""
     path = Path(name_or_path)
     if path.suffix != ".json":
         if str(name_or_path) not in available_presets():
@@ -339,9 +339,18 @@ def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -
         values = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"config file {str(path)!r} is not valid JSON: {error}") from error
-    values = _merge(Config().to_dict(), values, prefix="")
+    return _merge(Config().to_dict(), values, prefix="")
+
+
+def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
+    """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``test``) or a JSON
+    file by path, then apply ``overrides`` (top-level fields, or dicts for nested sections).
+
+    Overrides whose value is ``None`` are ignored, so command-line options left unset fall
+    through to the preset.
+    """
     # The preset may leave batch_size or learning_rate unset (bs_experiment); overrides fill them.
-    values = _merge(values, _drop_none(overrides), prefix="")
+    values = _merge(preset_values(name_or_path), _drop_none(overrides), prefix="")
     return Config.from_dict(values)
 
 

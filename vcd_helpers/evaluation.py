@@ -77,7 +77,7 @@ def hmc_posterior_moments(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, 
     """Mean and standard deviation [B, D] of ``kept`` HMC states of p(z | x), after ``burn_in``
     adapting iterations, with every chain started at the encoder mean."""
     loc, _ = model.encoder(x)
-    burn_seed, keep_seed = split_seed(seed, 2)
+    burn_seed, keep_seed = tf.unstack(split_seed(seed, 2))
 
     def target(z):
         return model.log_joint(x, z)

@@ -9,7 +9,7 @@ indexed dataset to the step and collects per-step metrics, with a progress bar.
 from __future__ import annotations
 
 import time
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -105,12 +105,17 @@ class VCDTrainer(tf.Module):
                 "control_variate": tf.reduce_mean(baseline)}
 
 
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
 def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool = True,
-        description: str = "training") -> dict[str, np.ndarray]:
+        description: str = "training", on_step: StepCallback | None = None) -> dict[str, np.ndarray]:
     """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs) in a host loop.
 
     Returns each metric as a [num_steps] numpy array, plus 'step' and 'wall_time' (seconds since
-    the first step started). Raises FloatingPointError on a non-finite loss.
+    the first step started). ``on_step(step, metrics)`` is called after every finite step (the
+    training command logs and checkpoints there). Raises FloatingPointError on a non-finite
+    metric, before ``on_step`` sees that step.
     """
     history: dict[str, list] = {"step": [], "wall_time": []}
     iterator = iter(batches)
@@ -127,6 +132,8 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool =
             history.setdefault(name, []).append(value)
         history["step"].append(step)
         history["wall_time"].append(time.perf_counter() - start)
+        if on_step is not None:
+            on_step(step, metrics)
         bar.update(1)
         if step % 50 == 0:
             bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()})

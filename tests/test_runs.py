@@ -1,0 +1,155 @@
+"""The training command: results directory, checkpoint and resume (with SIGKILL), NaN stop, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vcd_helpers.cli import _parser, main, resolve_config
+from vcd_helpers.config import load_config
+from vcd_helpers.runs import RunDirectory, RunDirectoryError, evaluate_run, train_run
+
+# Small but complete: every piece of state a checkpoint must carry is exercised (local control
+# variates across the scheduled switch, adapted step size, optimiser slots, data position).
+SMALL = dict(
+    name="small", batch_size=50, train_examples=1000, steps=200, log_every_steps=10, checkpoint_every_steps=20,
+    hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
+    control_variate={"kind": "scheduled", "switch_step": 30},
+    evaluation={"num_examples": 20, "num_samples": 50, "chunk_size": 50, "burn_in": 4, "kept": 4},
+)
+
+
+def _write_config(path: Path, **overrides) -> Path:
+    config = load_config("default").replace(**(SMALL | overrides))
+    path.write_text(config.to_json())
+    return path
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with open(path / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    return [[row[0], *row[2:]] for row in rows]  # every column but the wall time
+
+
+def _command(config_file: Path, results: Path) -> list[str]:
+    return [sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file), "--results", str(results),
+            "--quiet"]
+
+
+def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
+    config_file = _write_config(tmp_path / "small.json")
+    env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    uninterrupted = tmp_path / "uninterrupted"
+    train_run(load_config(config_file), uninterrupted, progress=False)
+
+    resumed = tmp_path / "resumed"
+    process = subprocess.Popen(_command(config_file, resumed), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    first_checkpoint = resumed / "checkpoints" / "ckpt-20.index"
+    deadline = time.monotonic() + 300
+    while not first_checkpoint.exists():
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (resumed / "results.json").exists(), "the run finished before it was killed"
+    killed_at = max(int(p.name[5:-6]) for p in (resumed / "checkpoints").glob("ckpt-*.index"))
+    assert killed_at < 200
+
+    finished = subprocess.run(_command(config_file, resumed), check=True, env=env, capture_output=True, text=True)
+    assert json.loads(finished.stdout)["steps"] == 200
+
+    assert _rows(resumed) == _rows(uninterrupted)
+    a = json.loads((uninterrupted / "results.json").read_text())
+    b = json.loads((resumed / "results.json").read_text())
+    assert a["final_metrics"] == b["final_metrics"]
+    assert a["test_log_likelihood"] == b["test_log_likelihood"]
+    for name in ("config.json", "results.json", "metrics.csv"):
+        assert (resumed / name).exists()
+    assert list((resumed / "tensorboard").glob("events.out.tfevents.*"))
+    assert "--config" in b["command"] and a["command"] == "" and b["versions"]["tensorflow"] and b["device"]["cpu_count"]
+
+
+def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path):
+    config = load_config("default").replace(**(SMALL | {"steps": 20}))
+    results = train_run(config, tmp_path / "run", progress=False)
+    recomputed = evaluate_run(tmp_path / "run")
+    assert recomputed["checkpoint_step"] == 20
+    assert recomputed["mean"] == pytest.approx(results["test_log_likelihood"]["mean"], abs=1e-4)
+    assert (tmp_path / "run" / "evaluation.json").exists()
+    # A finished run is not trained again: the same command returns the stored results.
+    assert train_run(config, tmp_path / "run", progress=False) == results
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    # A learning rate of 1e30 throws the weights to ~1e30 after the first update: the second
+    # step overflows.
+    config = load_config("default").replace(**(SMALL | {"steps": 10, "log_every_steps": 1,
+                                                        "checkpoint_every_steps": 1,
+                                                        "optimizer": {"learning_rate": 1e30}}))
+    with pytest.raises(FloatingPointError, match=r"is (nan|inf|-inf) at step 2.*last good checkpoint is .*ckpt-1"):
+        train_run(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-1.index").exists()
+    assert not (tmp_path / "run" / "checkpoints" / "ckpt-2.index").exists()
+
+
+def test_a_directory_holding_another_run_is_refused(tmp_path):
+    config = load_config("test")
+    RunDirectory(tmp_path / "run").claim(config)
+    RunDirectory(tmp_path / "run").claim(config)  # the same run: fine (it resumes)
+    with pytest.raises(RunDirectoryError, match=r"seed: 0 in the directory, 7 requested"):
+        RunDirectory(tmp_path / "run").claim(config.replace(seed=7))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirectoryError, match="not empty"):
+        RunDirectory(tmp_path / "other").claim(config)
+
+
+def _resolve(*argv: str):
+    return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *argv]))
+
+
+def test_cli_overrides():
+    c = _resolve("--config", "default", "--batch-size", "128", "--steps", "7", "--seed", "3",
+                 "--control-variate", "global")
+    assert (c.batch_size, c.num_steps, c.seed, c.control_variate.kind) == (128, 7, 3, "global")
+    assert c.optimizer.learning_rate == 9e-4  # the tuned rate of batch 128
+    assert _resolve("--config", "default", "--batch-size", "128", "--learning-rate", "1e-3").optimizer.learning_rate == 1e-3
+    assert _resolve("--config", "default").optimizer.learning_rate == 5e-4
+    assert _resolve("--config", "bs_experiment", "--batch-size", "1024").optimizer.learning_rate == 1.3e-3
+    assert _resolve("--config", "test", "--epochs", "2").num_steps == 1000
+    profiled = _resolve("--config", "default", "--profile", "test")
+    assert (profiled.num_steps, profiled.evaluation.num_examples) == (30, 20)
+    assert _resolve("--config", "default", "--eval-samples", "64").evaluation.chunk_size == 64
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "default", "--batch-size", "200"], "batch_size=200 is invalid: has no tuned learning rate"),
+    (["--config", "bs_experiment"], "this preset needs a batch size"),
+    (["--config", "nope"], "nope"),
+    (["--resume"], "holds no run to resume"),
+    (["--config", "default", "--seed", "-1"], "seed=-1 is invalid"),
+])
+def test_cli_bad_input_is_a_clear_error(argv, message, capsys):
+    assert main(["train", "--results", "/nonexistent/run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resume_without_config_uses_the_stored_one(tmp_path):
+    config = load_config("test", seed=5)
+    RunDirectory(tmp_path).claim(config)
+    resolved = resolve_config(_parser().parse_args(["train", "--resume", "--results", str(tmp_path)]))
+    assert resolved == config
+    assert np.isclose(resolved.optimizer.learning_rate, 5e-4)

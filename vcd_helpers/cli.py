@@ -1,0 +1,121 @@
+"""The command line: ``python -m vcd_helpers train | evaluate``.
+
+    python -m vcd_helpers train --config default --results results/default
+    python -m vcd_helpers train --config bs_experiment --batch-size 512 --epochs 20 --results runs/bs512
+    python -m vcd_helpers train --resume --results results/default      # continue with the stored config
+    python -m vcd_helpers evaluate results/default
+
+Running the same ``train`` command again resumes an interrupted run from its last checkpoint.
+Changing the batch size without giving a learning rate takes the tuned rate for that batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Sequence
+
+from vcd_helpers.config import CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, Config, get_profile, preset_values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vcd_helpers", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a model into a results directory (resumes if interrupted)")
+    train.add_argument("--config", help="preset name (default, global_cv, bs_experiment, test) or a JSON file")
+    train.add_argument("--results", required=True, help="results directory (created; reused only by the same run)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --results; without --config its stored config is used")
+    train.add_argument("--method", choices=METHODS)
+    train.add_argument("--batch-size", type=int)
+    train.add_argument("--learning-rate", type=float,
+                       help="encoder-mean and decoder rate (the scale net gets half); default: the "
+                            "preset's, or the tuned rate when --batch-size is given")
+    length = train.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=float)
+    length.add_argument("--steps", type=int)
+    train.add_argument("--seed", type=int)
+    train.add_argument("--control-variate", choices=CONTROL_VARIATE_KINDS)
+    train.add_argument("--profile", choices=list(PROFILES),
+                       help="size the run by a run profile: its training steps and evaluation")
+    train.add_argument("--eval-split", choices=["valid", "test"])
+    train.add_argument("--eval-examples", type=int, help="evaluate on the first N images of the split")
+    train.add_argument("--eval-samples", type=int, help="importance samples per image")
+    train.add_argument("--eval-proposal", choices=PROPOSALS)
+    train.add_argument("--no-xla", action="store_true", help="compile the step without XLA (slower)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
+    evaluate.add_argument("results", help="a results directory written by train")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The run's Config from the parsed ``train`` options."""
+    if args.config is None:
+        if not args.resume:
+            raise ValueError("--config is required (a preset name or a JSON file), unless --resume is given")
+        from vcd_helpers.runs import RunDirectory  # imports TensorFlow: only when needed
+
+        stored = RunDirectory(args.results).stored_config()
+        if stored is None:
+            raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
+        values = stored.to_dict()
+    else:
+        values = preset_values(args.config)
+    for option, key in (("method", "method"), ("batch_size", "batch_size"), ("seed", "seed")):
+        if getattr(args, option) is not None:
+            values[key] = getattr(args, option)
+    if args.learning_rate is not None:
+        values["optimizer"]["learning_rate"] = args.learning_rate
+    elif args.batch_size is not None:
+        values["optimizer"]["learning_rate"] = None  # the tuned rate of that batch size, or a clear error
+    if args.epochs is not None:
+        values["epochs"], values["steps"] = args.epochs, None
+    if args.steps is not None:
+        values["steps"] = args.steps
+    if args.profile is not None:
+        profile = get_profile(args.profile)
+        values["steps"] = profile.train_steps
+        values["evaluation"] |= {"num_examples": profile.eval_examples, "num_samples": profile.eval_samples,
+                                 "burn_in": profile.eval_burn_in, "kept": profile.eval_kept}
+    for option, key in (("eval_split", "split"), ("eval_examples", "num_examples"),
+                        ("eval_samples", "num_samples"), ("eval_proposal", "proposal")):
+        if getattr(args, option) is not None:
+            values["evaluation"][key] = getattr(args, option)
+    values["evaluation"]["chunk_size"] = min(values["evaluation"]["num_samples"], values["evaluation"]["chunk_size"])
+    if args.control_variate is not None:
+        values["control_variate"]["kind"] = args.control_variate
+    return Config.from_dict(values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    command = shlex.join(["python", "-m", "vcd_helpers", *argv])
+    try:
+        if args.command == "train":
+            config = resolve_config(args)
+            from vcd_helpers.runs import RunDirectory, train_run
+
+            if args.resume and RunDirectory(args.results).stored_config() is None:
+                raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
+            results = train_run(config, args.results, command=command, progress=not args.quiet,
+                                jit_compile=not args.no_xla)
+            summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
+                                               "test_log_likelihood")}
+            print(json.dumps(summary, indent=2))
+        else:
+            from vcd_helpers.runs import evaluate_run
+
+            print(json.dumps(evaluate_run(args.results), indent=2))
+    except FloatingPointError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
+    except (ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
