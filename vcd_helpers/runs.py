@@ -282,6 +282,24 @@ def _evaluation_record(result: EvaluationResult, config: Config) -> dict[str, An
     }
 
 
+def read_metrics(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """metrics.csv of a results directory as {column: [rows] array} (step as int)."""
+    with open(Path(results_dir) / METRICS_FILE, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise RunDirectoryError(f"{results_dir} has no logged metrics yet")
+    return {name: np.array([row[name] for row in rows], dtype=np.int64 if name == "step" else np.float64)
+            for name in rows[0]}
+
+
+def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
+    """results.json of a finished run."""
+    path = Path(results_dir) / RESULTS_FILE
+    if not path.exists():
+        raise RunDirectoryError(f"{results_dir} has no {RESULTS_FILE}: the run has not finished")
+    return json.loads(path.read_text())
+
+
 def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
     """The model of a results directory at its latest checkpoint: (model, config, step)."""
     run = RunDirectory(Path(results_dir))

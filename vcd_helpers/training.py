@@ -9,7 +9,7 @@ indexed dataset to the step and collects per-step metrics, with a progress bar.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +27,18 @@ class Trainer(Protocol):
     step: tf.Variable
 
     def train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]: ...
+
+
+class VCDEstimate(NamedTuple):
+    """One draw of VCD's gradient estimator. gradients: {group: [tensor per variable]};
+    encoder_loss, decoder_loss: batch sums; g: g(zT) [B]; accept_rate, step_size: the chain's."""
+
+    gradients: dict[str, list[tf.Tensor]]
+    encoder_loss: tf.Tensor
+    decoder_loss: tf.Tensor
+    g: tf.Tensor
+    accept_rate: tf.Tensor
+    step_size: tf.Tensor
 
 
 class VAETrainer(tf.Module):
@@ -73,13 +85,16 @@ class VCDTrainer(tf.Module):
         self.seed = tf.constant([config.seed, 2], tf.int32)
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
 
-    def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
-        """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
+    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+        """One draw of the VCD gradient estimator, without changing any state.
+
+        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from the
+        persistent ``step_size``. Chapter 4 calls this many times at fixed parameters to measure
+        the estimator's variance.
+        """
         hmc = self.config.hmc
         groups = self.model.parameter_groups()
-        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
-            tf.random.experimental.stateless_fold_in(self.seed, self.step), 2))
-        baseline = self.control_variate.values(index, self.step)  # from before this step's update
+        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         with tf.GradientTape(persistent=True) as tape:
             loc, scale = self.model.encoder(x)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
@@ -94,14 +109,20 @@ class VCDTrainer(tf.Module):
         gradients = tape.gradient(encoder_loss, encoder_groups)
         gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
         del tape
+        return VCDEstimate(gradients, encoder_loss, decoder_loss, g, chain.accept_rate, chain.step_size)
+
+    def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
+        baseline = self.control_variate.values(index, self.step)  # from before this step's update
+        estimate = self.estimate_gradients(x, baseline, tf.random.experimental.stateless_fold_in(self.seed, self.step))
         for name, optimizer in self.optimizers.items():
-            optimizer.apply_gradients(gradients[name], self.step)
-        self.control_variate.update(index, g, self.step)
-        self.step_size.assign(chain.step_size)
+            optimizer.apply_gradients(estimate.gradients[name], self.step)
+        self.control_variate.update(index, estimate.g, self.step)
+        self.step_size.assign(estimate.step_size)
         self.step.assign_add(1)
-        batch = tf.cast(tf.shape(x)[0], encoder_loss.dtype)
-        return {"encoder_loss": encoder_loss / batch, "decoder_loss": decoder_loss / batch,
-                "accept_rate": chain.accept_rate, "step_size": chain.step_size,
+        batch = tf.cast(tf.shape(x)[0], estimate.encoder_loss.dtype)
+        return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
+                "accept_rate": estimate.accept_rate, "step_size": estimate.step_size,
                 "control_variate": tf.reduce_mean(baseline)}
 
 
