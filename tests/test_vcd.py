@@ -98,3 +98,18 @@ def test_one_vcd_step_updates_every_piece_of_state():
     assert all(not np.array_equal(a, b.numpy()) for a, b in zip(encoder_before, trainer.model.encoder.trainable_variables))
     local = trainer.control_variate.local_values.numpy()
     assert np.count_nonzero(local) == 3 and np.all(local[[4, 7, 9]] != 0)
+
+
+def test_a_baseline_near_g_reduces_the_estimators_variance():
+    from vcd_helpers.training import estimator_variance
+
+    config = load_config("test").replace(hmc={"num_iterations": 2, "num_leapfrog_steps": 2})
+    trainer = VCDTrainer(VAE(seed=0), config)
+    x = _batch(16)
+    g = trainer.estimate_gradients(x, tf.zeros([16]), tf.constant([9, 9])).g
+    none = estimator_variance(trainer, x, tf.zeros([16]), num_draws=8)
+    tracked = estimator_variance(trainer, x, g, num_draws=8)
+    for group in none:
+        assert tracked[group] < none[group], (group, tracked[group], none[group])
+    with pytest.raises(ValueError, match="num_draws=1"):
+        estimator_variance(trainer, x, g, num_draws=1)

@@ -378,7 +378,8 @@ class RunProfile:
 
     ``train_steps``: optimiser steps of a chapter's training run; ``eval_examples``,
     ``eval_samples``, ``eval_burn_in``, ``eval_kept``: the importance-sampled evaluation;
-    ``hmc_examples``: test digits in the HMC demonstrations.
+    ``hmc_examples``: test digits in the HMC demonstrations; ``gradient_draws``: independent
+    draws of the gradient estimator when chapter 4 measures its variance.
     """
 
     name: str
@@ -388,6 +389,7 @@ class RunProfile:
     eval_burn_in: int
     eval_kept: int
     hmc_examples: int
+    gradient_draws: int
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -408,11 +410,11 @@ class RunProfile:
 
 PROFILES: dict[str, RunProfile] = {
     "test": RunProfile("test", train_steps=30, eval_examples=20, eval_samples=100,
-                       eval_burn_in=10, eval_kept=10, hmc_examples=8),
+                       eval_burn_in=10, eval_kept=10, hmc_examples=8, gradient_draws=6),
     "book": RunProfile("book", train_steps=3000, eval_examples=1000, eval_samples=1000,
-                       eval_burn_in=100, eval_kept=100, hmc_examples=100),
+                       eval_burn_in=100, eval_kept=100, hmc_examples=100, gradient_draws=50),
     "paper": RunProfile("paper", train_steps=400_000, eval_examples=10_000, eval_samples=20_000,
-                        eval_burn_in=300, eval_kept=300, hmc_examples=1000),
+                        eval_burn_in=300, eval_kept=300, hmc_examples=1000, gradient_draws=200),
 }
 DEFAULT_PROFILE = "book"
 

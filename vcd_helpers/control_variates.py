@@ -33,8 +33,9 @@ class ControlVariate(tf.Module):
         self.kind = config.kind
         self.decay = config.decay
         self.switch_step = config.switch_step
-        self.global_value = tf.Variable(0.0, trainable=False, name="global")
-        # The per-example vector exists only where it is used (O(N) memory).
+        # Each state exists only where it is used: O(1) memory for the scalar, O(N) for the vector.
+        self.global_value = (tf.Variable(0.0, trainable=False, name="global")
+                             if self.kind in ("global", "scheduled") else None)
         self.local_values = (tf.Variable(tf.zeros([num_examples]), trainable=False, name="local")
                              if self.kind in ("local", "scheduled") else None)
 
@@ -50,6 +51,8 @@ class ControlVariate(tf.Module):
         batch = tf.shape(index)[0]
         if self.kind == "none":
             return tf.zeros([batch])
+        if self.global_value is None:
+            return tf.gather(self.local_values, index)
         global_values = tf.fill([batch], self.global_value)
         if self.local_values is None:
             return global_values

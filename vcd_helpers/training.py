@@ -160,3 +160,30 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool =
             bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()})
     bar.close()
     return {name: np.asarray(values) for name, values in history.items()}
+
+
+def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *, num_draws: int,
+                       seed: int = 0, groups: tuple[str, ...] = ("encoder_mean", "encoder_scale")) -> dict[str, float]:
+    """Total variance (trace of the covariance) of VCD's gradient estimate at fixed parameters.
+
+    Draws the estimator ``num_draws`` times on the batch x [B, 784] with the given baseline [B]
+    and independent seeds, and returns, per parameter group, the sum over its parameters of the
+    variance across draws. Changes no state.
+    """
+    if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
+        raise ValueError(f"num_draws={num_draws!r} is invalid: a variance needs an integer >= 2")
+    draw = tf.function(lambda s: {name: [tf.reshape(g, [-1]) for g in trainer.estimate_gradients(x, baseline, s)
+                                         .gradients[name]] for name in groups})
+    sums = {name: 0.0 for name in groups}
+    squares = {name: 0.0 for name in groups}
+    for k in range(num_draws):
+        gradients = draw(tf.constant([seed, k], tf.int32))
+        for name in groups:
+            flat = tf.concat(gradients[name], axis=0).numpy().astype(np.float64)
+            sums[name] = sums[name] + flat
+            squares[name] = squares[name] + flat ** 2
+    variance = {}
+    for name in groups:
+        mean = sums[name] / num_draws
+        variance[name] = float(np.sum(squares[name] / num_draws - mean ** 2) * num_draws / (num_draws - 1))
+    return variance
