@@ -1,9 +1,10 @@
-"""The command line: ``python -m vcd_helpers train | evaluate``.
+"""The command line: ``python -m vcd_helpers train | evaluate | bench``.
 
     python -m vcd_helpers train --config default --results results/default
     python -m vcd_helpers train --config bs_experiment --batch-size 512 --epochs 20 --results runs/bs512
     python -m vcd_helpers train --resume --results results/default      # continue with the stored config
     python -m vcd_helpers evaluate results/default
+    python -m vcd_helpers bench --batch-sizes 100 512                   # ms per step, GFLOP/s
 
 Running the same ``train`` command again resumes an interrupted run from its last checkpoint.
 Changing the batch size without giving a learning rate takes the tuned rate for that batch size.
@@ -46,7 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-samples", type=int, help="importance samples per image")
     train.add_argument("--eval-proposal", choices=PROPOSALS)
     train.add_argument("--no-xla", action="store_true", help="compile the step without XLA (slower)")
+    train.add_argument("--steps-per-call", type=int,
+                       help="training steps per host call of the in-graph loop (default: up to 10, "
+                            "dividing the logging interval)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    bench = commands.add_parser("bench", help="time the training step: ms/step, examples/s, GFLOP/s")
+    bench.add_argument("--configs", nargs="+", default=["default", "global_cv"])
+    bench.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 100, 128, 512, 1024])
+    bench.add_argument("--steps-per-call", type=int, default=10)
+    bench.add_argument("--calls", type=int, default=5, help="timed calls per row (median reported)")
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
     evaluate.add_argument("results", help="a results directory written by train")
@@ -104,10 +114,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.resume and RunDirectory(args.results).stored_config() is None:
                 raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
             results = train_run(config, args.results, command=command, progress=not args.quiet,
-                                jit_compile=not args.no_xla)
+                                jit_compile=not args.no_xla, steps_per_call=args.steps_per_call)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
                                                "test_log_likelihood")}
             print(json.dumps(summary, indent=2))
+        elif args.command == "bench":
+            from vcd_helpers.bench import format_benchmark, matmul_gflops, run_benchmark
+
+            rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls)
+            print(format_benchmark(rows, matmul_gflops()))
+            print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
+                  "XLA step in the in-graph loop, as the training command runs it)")
         else:
             from vcd_helpers.runs import evaluate_run
 

@@ -176,21 +176,29 @@ class MetricsLog:
         self.summaries.close()
 
 
-def _metric_names(config: Config) -> list[str]:
-    if config.method == "vcd":
-        return ["encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate"]
-    return ["loss"]
+def default_steps_per_call(config: Config) -> int:
+    """Steps per host call of the training command: up to 10, dividing the logging interval so
+    that every log row and checkpoint falls at the end of a call."""
+    return math.gcd(config.log_every_steps, 10)
 
 
 def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "", progress: bool = True,
-              jit_compile: bool = True) -> dict[str, Any]:
+              jit_compile: bool = True, steps_per_call: int | None = None) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
+
+    The step is compiled with XLA (``jit_compile``) and run ``steps_per_call`` steps per host
+    call by the in-graph loop (default ``default_steps_per_call``); it must divide
+    ``config.log_every_steps``.
 
     Returns the contents of results.json. A run that already finished returns its results
     without training again. Raises RunDirectoryError for a directory holding another run, and
     FloatingPointError (naming the metric and step) when a loss becomes NaN or Inf; the last
     good checkpoint is left in place.
     """
+    steps_per_call = steps_per_call or default_steps_per_call(config)
+    if config.log_every_steps % steps_per_call:
+        raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
+                         f"log_every_steps={config.log_every_steps}")
     run = RunDirectory(Path(results_dir))
     run.claim(config)
     if run.results_file.exists():
@@ -209,7 +217,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
 
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)
-    log = MetricsLog(run, _metric_names(config), resume_step=start_step)
+    log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step)
     started = time.perf_counter()
     last_logged: dict[str, float] = {}
     window_ends: list[tuple[int, float]] = [(start_step, elapsed_before)]
@@ -226,7 +234,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
             manager.save(checkpoint_number=step)
 
     try:
-        fit(trainer, batches, config.num_steps - start_step, progress=progress,
+        fit(trainer, batches, config.num_steps - start_step, steps_per_call=steps_per_call, progress=progress,
             description=f"{config.name} ({config.method})", on_step=on_step)
     except FloatingPointError as error:
         kept = manager.latest_checkpoint or "none yet"
@@ -252,6 +260,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
         "device": device_summary(),
         "versions": versions(),
         "jit_compile": jit_compile,
+        "steps_per_call": steps_per_call,
         "command": command,
     }
     run.results_file.write_text(json.dumps(results, indent=2) + "\n")

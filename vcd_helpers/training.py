@@ -1,9 +1,12 @@
-"""Training steps and the host loop that drives them.
+"""Training steps, the in-graph loop that runs many of them per host call, and the host loop.
 
 A *trainer* owns a model, one optimiser per parameter group and a step counter, and exposes
 ``train_step(index, x) -> metrics``: one optimiser step on one batch, compiled with
-``tf.function`` (optionally XLA). ``fit`` is the plain host loop: it feeds batches from an
-indexed dataset to the step and collects per-step metrics, with a progress bar.
+``tf.function`` (optionally XLA). ``make_training_loop`` wraps it in a ``tf.function`` that pulls
+``k`` batches from a ``tf.data`` iterator *inside* the graph and returns the ``k`` steps' metrics
+stacked (the portable form of an IPU infeed, ``loops.repeat`` and outfeed); an ``Outfeed`` also
+streams each step's metrics to the host while the loop runs. ``fit`` drives either from the host,
+with a progress bar.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from vcd_helpers.optim import make_optimizers
 
 class Trainer(Protocol):
     step: tf.Variable
+    metric_names: tuple[str, ...]
 
     def train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]: ...
 
@@ -43,6 +47,8 @@ class VCDEstimate(NamedTuple):
 
 class VAETrainer(tf.Module):
     """The plain VAE: maximise the reparameterised ELBO (the loss is minus its batch sum)."""
+
+    metric_names = ("loss",)
 
     def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
         super().__init__(name="vae_trainer")
@@ -73,6 +79,8 @@ class VCDTrainer(tf.Module):
     State that persists across steps: the optimisers' slots, the control variate, the adapted
     HMC step size and the step counter.
     """
+
+    metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
 
     def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
         super().__init__(name="vcd_trainer")
@@ -126,39 +134,106 @@ class VCDTrainer(tf.Module):
                 "control_variate": tf.reduce_mean(baseline)}
 
 
+class Outfeed:
+    """A queue that a training loop fills with each step's metrics while it runs, and that the
+    host drains from any thread: the portable counterpart of an IPU outfeed queue.
+
+    ``enqueue`` runs inside the compiled loop; ``drain`` returns what has arrived so far
+    without waiting. A queue op has no XLA kernel, so the loop around the (XLA) step is a plain
+    ``tf.function``.
+    """
+
+    def __init__(self, names: tuple[str, ...], capacity: int = 100_000):
+        self.names = tuple(names)
+        self.queue = tf.queue.FIFOQueue(capacity, dtypes=[tf.float32] * len(self.names),
+                                        shapes=[[]] * len(self.names))
+
+    def enqueue(self, metrics: dict[str, tf.Tensor]) -> None:
+        self.queue.enqueue([tf.cast(metrics[name], tf.float32) for name in self.names])
+
+    def drain(self) -> dict[str, np.ndarray]:
+        """Everything enqueued so far, as {name: [n] array} (n may be 0)."""
+        count = int(self.queue.size())
+        if count == 0:
+            return {name: np.zeros([0], np.float32) for name in self.names}
+        values = self.queue.dequeue_many(count)
+        return {name: value.numpy() for name, value in zip(self.names, values)}
+
+
+def make_training_loop(trainer: Trainer, outfeed: Outfeed | None = None) -> Callable:
+    """``loop(iterator, num_steps) -> {metric: [num_steps]}``: run ``num_steps`` training steps in
+    one host call.
+
+    Each iteration takes the next (index, x) batch from the ``tf.data`` iterator inside the graph
+    (no host round trip), runs ``trainer.train_step`` (XLA-compiled if the trainer was) and
+    writes its metrics into TensorArrays, returned stacked; with an ``outfeed`` each step's
+    metrics are also streamed out as it finishes. ``num_steps`` is a tensor, so changing it does
+    not retrace.
+    """
+    names = trainer.metric_names
+
+    @tf.function
+    def loop(iterator, num_steps):
+        arrays = {name: tf.TensorArray(tf.float32, size=num_steps) for name in names}
+        for i in tf.range(num_steps):
+            index, x = next(iterator)
+            metrics = trainer.train_step(index, x)
+            if outfeed is not None:
+                outfeed.enqueue(metrics)
+            arrays = {name: arrays[name].write(i, tf.cast(metrics[name], tf.float32)) for name in names}
+        return {name: array.stack() for name, array in arrays.items()}
+
+    return loop
+
+
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
-def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, progress: bool = True,
+def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: int = 1, progress: bool = True,
         description: str = "training", on_step: StepCallback | None = None) -> dict[str, np.ndarray]:
-    """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs) in a host loop.
+    """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs) and return their metrics.
 
-    Returns each metric as a [num_steps] numpy array, plus 'step' and 'wall_time' (seconds since
-    the first step started). ``on_step(step, metrics)`` is called after every finite step (the
-    training command logs and checkpoints there). Raises FloatingPointError on a non-finite
-    metric, before ``on_step`` sees that step.
+    ``steps_per_call`` = 1 calls the compiled step once per batch from Python; k > 1 runs k steps
+    per call with ``make_training_loop`` (``batches`` must then be a ``tf.data.Dataset`` or its
+    iterator). Returns each metric as a [num_steps] numpy array, plus 'step' and 'wall_time'
+    (seconds since the start, at the end of the call that ran the step). ``on_step(step,
+    metrics)`` is called for every finite step, after the call that ran it (the training command
+    logs and checkpoints there, so its boundaries must be multiples of ``steps_per_call``).
+    Raises FloatingPointError on a non-finite metric, before ``on_step`` sees that step.
     """
+    if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+        raise ValueError(f"steps_per_call={steps_per_call!r} is invalid: must be a positive integer")
     history: dict[str, list] = {"step": [], "wall_time": []}
     iterator = iter(batches)
+    loop = make_training_loop(trainer) if steps_per_call > 1 else None
     start = time.perf_counter()
-    bar = tqdm(total=num_steps, desc=description, disable=not progress, mininterval=0.5)
-    for _ in range(num_steps):
-        index, x = next(iterator)
-        metrics = {name: float(value) for name, value in trainer.train_step(index, x).items()}
-        step = int(trainer.step.numpy())
-        for name, value in metrics.items():
-            if not np.isfinite(value):
-                bar.close()
-                raise FloatingPointError(f"{name} is {value} at step {step}; stopping")
-            history.setdefault(name, []).append(value)
-        history["step"].append(step)
-        history["wall_time"].append(time.perf_counter() - start)
-        if on_step is not None:
-            on_step(step, metrics)
-        bar.update(1)
-        if step % 50 == 0:
-            bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()})
-    bar.close()
+    bar = tqdm(total=num_steps, desc=description, disable=not progress, mininterval=0.5, unit="step")
+    done = 0
+    try:
+        while done < num_steps:
+            k = min(steps_per_call, num_steps - done)
+            if loop is None:
+                index, x = next(iterator)
+                outputs = {name: value.numpy()[None] for name, value in trainer.train_step(index, x).items()}
+            else:
+                outputs = {name: value.numpy() for name, value in loop(iterator, tf.constant(k)).items()}
+            now = time.perf_counter() - start
+            for j in range(k):
+                step = int(trainer.step.numpy()) - k + j + 1
+                metrics = {name: float(values[j]) for name, values in outputs.items()}
+                for name, value in metrics.items():
+                    if not np.isfinite(value):
+                        raise FloatingPointError(f"{name} is {value} at step {step}; stopping")
+                    history.setdefault(name, []).append(value)
+                history["step"].append(step)
+                history["wall_time"].append(now)
+                if on_step is not None:
+                    on_step(step, metrics)
+            done += k
+            bar.update(k)
+            bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()}, refresh=False)
+    finally:
+        bar.close()
     return {name: np.asarray(values) for name, values in history.items()}
 
 

@@ -1,0 +1,77 @@
+"""In-graph training loops, the outfeed, and the benchmark's pieces (no timing is asserted)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers import bench
+from vcd_helpers.config import load_config
+from vcd_helpers.data import indexed_batches, load_binarized_mnist
+from vcd_helpers.runs import build_trainer
+from vcd_helpers.training import Outfeed, fit, make_training_loop
+
+CONFIG = load_config("test", batch_size=20, train_examples=1000, hmc={"num_iterations": 2, "num_leapfrog_steps": 2})
+
+
+def _batches():
+    return indexed_batches(load_binarized_mnist("train")[:1000], 20, seed=0)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
+    one = fit(build_trainer(CONFIG, jit_compile=jit_compile), _batches(), 23, progress=False)
+    looped = fit(build_trainer(CONFIG, jit_compile=jit_compile), _batches(), 23, steps_per_call=10, progress=False)
+    np.testing.assert_array_equal(one["step"], np.arange(1, 24))
+    for name in one:
+        if name != "wall_time":
+            np.testing.assert_array_equal(one[name], looped[name], err_msg=name)
+
+
+def test_outfeed_streams_every_step_to_a_reader_thread_in_order():
+    trainer = build_trainer(CONFIG, jit_compile=False)
+    outfeed = Outfeed(trainer.metric_names)
+    loop = make_training_loop(trainer, outfeed)
+    received, finished = [], threading.Event()
+
+    def reader():
+        while not finished.is_set() or int(outfeed.queue.size()):
+            received.append(outfeed.drain())
+            finished.wait(0.05)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    stacked = loop(iter(_batches()), tf.constant(30))
+    finished.set()
+    thread.join()
+    streamed = {name: np.concatenate([r[name] for r in received]) for name in trainer.metric_names}
+    for name in trainer.metric_names:
+        np.testing.assert_array_equal(streamed[name], stacked[name].numpy())
+    assert int(trainer.step.numpy()) == 30
+
+
+def test_bad_steps_per_call_is_a_clear_error():
+    with pytest.raises(ValueError, match="steps_per_call=0 is invalid"):
+        fit(build_trainer(CONFIG, jit_compile=False), _batches(), 3, steps_per_call=0, progress=False)
+
+
+def test_step_flops_of_the_default_config_is_about_4_gflop():
+    # 41 gradient evaluations of the decoder dominate: 3.7 GFLOP at batch 100.
+    flops = bench.step_flops(load_config("default"))
+    assert 3.5e9 < flops < 4.0e9
+    assert bench.step_flops(load_config("default", batch_size=200)) == pytest.approx(2 * flops)
+    assert bench.step_flops(load_config("default", method="vae")) < flops / 10
+
+
+# The XLA styles compile the same step: test_k_steps_per_call_equal_k_calls_of_one_step covers them.
+@pytest.mark.parametrize("style", ["eager", "function", "loop"])
+def test_timing_styles_run(style):
+    assert bench.time_training_step(CONFIG, style, steps_per_call=3, calls=1) > 0
+
+
+def test_unknown_style_is_refused():
+    with pytest.raises(ValueError, match="style='fast' is invalid"):
+        bench.time_training_step(CONFIG, "fast")
