@@ -1,0 +1,37 @@
+"""The published book in a real browser: build it from the notebooks' committed outputs (no
+execution, so it takes seconds) and check every page in headless Chromium (tools/check_book.py).
+
+The full build (`make book`) executes every chapter in the book profile; run
+`tools/check_book.py _build/html` on it after building.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import check_book  # noqa: E402
+
+
+def test_the_built_book_renders_in_chromium(tmp_path):
+    chromium = check_book.find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on this machine (Debian: apt-get install chromium); the browser check cannot run")
+    pytest.importorskip("playwright", reason="playwright is not installed; the browser check cannot run")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"  # render the committed outputs
+    config_file = tmp_path / "_config.yml"
+    config_file.write_text(yaml.safe_dump(config))
+    build = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config", str(config_file),
+                            "--path-output", str(tmp_path), "-W", "--keep-going"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    problems = check_book.check_book(tmp_path / "_build" / "html", check_book.toc_pages(), chromium)
+    assert problems == [], "\n".join(problems)

@@ -1,0 +1,135 @@
+"""Open a built book in headless Chromium and check what a reader would notice.
+
+    .venv/bin/python tools/check_book.py [_build/html]
+
+For every page in _toc.yml: the page renders with a heading, every image loads, every internal
+link points at a file of the book (and same-page anchors exist), and no error text (a Python
+traceback, an error output) appears. Prints each problem and exits 1 if there are any. Needs
+``playwright`` (pip) and a Chromium binary (Debian: ``apt-get install chromium``); runs it with
+--headless --no-sandbox --disable-gpu and no background networking.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-extensions",
+                 "--no-first-run"]
+ERROR_MARKERS = ("Traceback (most recent call last)", "OperatorNotAllowedInGraphError")
+
+
+def find_chromium() -> str | None:
+    """Path of a Chromium binary, or None."""
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def toc_pages(toc_file: Path = ROOT / "_toc.yml") -> list[str]:
+    """The book's pages in order, as paths without suffix (``book/intro``, ``notebooks/00_data``)."""
+    toc = yaml.safe_load(toc_file.read_text())
+    pages = [toc["root"]]
+    for entry in toc.get("chapters", []):
+        pages.append(entry["file"])
+    return pages
+
+
+_PAGE_FACTS = """
+async () => {
+  const images = Array.from(document.images);
+  const loaded = await Promise.all(images.map(img => {
+    if (img.complete && img.naturalWidth > 0) return true;
+    img.loading = "eager";
+    return new Promise(resolve => {
+      img.addEventListener("load", () => resolve(img.naturalWidth > 0));
+      img.addEventListener("error", () => resolve(false));
+      setTimeout(() => resolve(img.complete && img.naturalWidth > 0), 5000);
+    });
+  }));
+  return {
+    heading: (document.querySelector("main h1, article h1, h1") || {}).textContent || "",
+    images: images.map((img, i) => ({src: img.getAttribute("src"), ok: loaded[i]})),
+    links: Array.from(document.querySelectorAll("main a[href], article a[href]")).map(a => a.getAttribute("href")),
+    ids: Array.from(document.querySelectorAll("[id]")).map(e => e.id),
+    text: document.body.textContent,
+    errors: document.querySelectorAll(".output.traceback, .output.error, .output.stderr").length,
+  };
+}
+"""
+
+
+def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
+    """Problems found in the built book (an empty list when it is fine)."""
+    from playwright.sync_api import sync_playwright
+
+    problems = []
+    html_dir = html_dir.resolve()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        for name in pages:
+            path = html_dir / f"{name}.html"
+            if not path.exists():
+                problems.append(f"{name}: page missing ({path})")
+                continue
+            page.goto(path.as_uri(), wait_until="load")
+            facts = page.evaluate(_PAGE_FACTS)
+            if not facts["heading"].strip():
+                problems.append(f"{name}: no heading rendered")
+            for image in facts["images"]:
+                if not image["ok"]:
+                    problems.append(f"{name}: image does not load: {image['src']}")
+            for marker in ERROR_MARKERS:
+                if marker in facts["text"]:
+                    problems.append(f"{name}: error text on the page: {marker!r}")
+            if facts["errors"]:
+                problems.append(f"{name}: {facts['errors']} error/stderr output block(s)")
+            for href in facts["links"]:
+                problems += _check_link(name, path, href, set(facts["ids"]), html_dir)
+        browser.close()
+    return problems
+
+
+def _check_link(name: str, page_path: Path, href: str, ids: set[str], html_dir: Path) -> list[str]:
+    parsed = urlparse(href)
+    if parsed.scheme in ("http", "https", "mailto") or href.startswith("//"):
+        return []  # external: not checked offline
+    if parsed.scheme not in ("", "file"):
+        return []
+    if not parsed.path:
+        fragment = unquote(parsed.fragment)
+        return [] if not fragment or fragment in ids else [f"{name}: anchor #{fragment} not on the page"]
+    target = (page_path.parent / unquote(parsed.path)).resolve()
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.exists():
+        return [f"{name}: broken internal link {href}"]
+    if html_dir not in target.parents and target != html_dir:
+        return [f"{name}: link leaves the book: {href}"]
+    return []
+
+
+def main() -> int:
+    html_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "_build" / "html"
+    chromium = find_chromium()
+    if chromium is None:
+        print("no Chromium found (apt-get install chromium); cannot check the book")
+        return 2
+    problems = check_book(html_dir, toc_pages(), chromium)
+    for problem in problems:
+        print(problem)
+    print(f"checked {len(toc_pages())} pages in {html_dir}: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
