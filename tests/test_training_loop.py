@@ -11,8 +11,7 @@ import tensorflow as tf
 from vcd_helpers import bench
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.runs import build_trainer
-from vcd_helpers.training import Outfeed, fit, make_training_loop
+from vcd_helpers.training import Outfeed, build_trainer, fit, make_training_loop
 
 CONFIG = load_config("test", batch_size=20, train_examples=1000, hmc={"num_iterations": 2, "num_leapfrog_steps": 2})
 

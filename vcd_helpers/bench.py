@@ -23,8 +23,7 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config, load_config
 from vcd_helpers.data import NUM_PIXELS, indexed_batches, load_binarized_mnist
-from vcd_helpers.model import VAE
-from vcd_helpers.training import VAETrainer, VCDTrainer, make_training_loop
+from vcd_helpers.training import build_trainer, make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
 
@@ -79,8 +78,7 @@ def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, c
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls={calls!r} is invalid: must be a positive integer")
     k = steps_per_call if style in ("loop", "xla_loop") else 1
-    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
-    trainer = trainer_class(VAE(config.model, seed=seed), config, jit_compile=style.startswith("xla"))
+    trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"))
     images = load_binarized_mnist("train")[: config.train_examples]
     iterator = iter(indexed_batches(images, config.batch_size, seed))
     if style == "eager":
@@ -116,22 +114,22 @@ class BenchmarkRow:
     gflops_per_second: float
 
 
+def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5,
+                  style: str = "xla_loop") -> BenchmarkRow:
+    """Time ``config``'s step as the training command runs it (XLA, in-graph loop) and derive
+    examples/s and GFLOP/s."""
+    ms = time_training_step(config, style, steps_per_call=steps_per_call, calls=calls)
+    return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
+                        step_flops(config) / (ms / 1000) / 1e9)
+
+
 def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_call: int = 10,
-                  calls: int = 5, style: str = "xla_loop") -> list[BenchmarkRow]:
-    """The training command's step (XLA, in-graph loop) for each config and batch size."""
-    rows = []
-    for name in config_names:
-        for batch_size in batch_sizes:
-            config = _bench_config(name, batch_size)
-            ms = time_training_step(config, style, steps_per_call=steps_per_call, calls=calls)
-            rows.append(BenchmarkRow(name, batch_size, ms, 1000 * batch_size / ms,
-                                     step_flops(config) / (ms / 1000) / 1e9))
-    return rows
-
-
-def _bench_config(name: str, batch_size: int) -> Config:
-    # Speed does not depend on the learning rate; any valid one will do for untuned batch sizes.
-    return load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4})
+                  calls: int = 5) -> list[BenchmarkRow]:
+    """``benchmark_row`` for each preset and batch size. Speed does not depend on the learning
+    rate, so every batch size (tuned or not) runs at the preset's batch-100 rate."""
+    return [benchmark_row(load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4}),
+                          steps_per_call=steps_per_call, calls=calls)
+            for name in config_names for batch_size in batch_sizes]
 
 
 def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:

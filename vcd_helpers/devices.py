@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib import metadata
+from typing import Iterable
 
 import tensorflow as tf
 
@@ -29,6 +31,17 @@ def device_summary() -> dict[str, object]:
         "cuda_build": bool(build.get("is_cuda_build", False)),
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0",
     }
+
+
+def package_versions(packages: Iterable[str]) -> dict[str, str]:
+    """{package: installed version, or 'not installed'}."""
+    found = {}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
 
 
 def format_device_summary(summary: dict[str, object] | None = None) -> str:

@@ -10,11 +10,11 @@ import datetime as _dt
 import inspect
 import platform
 import sys
-from importlib import metadata
 
 from IPython.display import Code
 
 from vcd_helpers.config import active_profile
+from vcd_helpers.devices import package_versions
 
 WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", "matplotlib",
                       "ipywidgets", "jupyter-book", "vcd_helpers")
@@ -32,9 +32,6 @@ def watermark() -> str:
         f"Machine: {platform.machine()} {platform.system()}, Python {sys.version.split()[0]}",
         f"Run profile: {active_profile().name}",
     ]
-    for package in WATERMARK_PACKAGES:
-        try:
-            lines.append(f"{package}=={metadata.version(package)}")
-        except metadata.PackageNotFoundError:
-            lines.append(f"{package}: not installed")
+    for package, version in package_versions(WATERMARK_PACKAGES).items():
+        lines.append(f"{package}=={version}" if version != "not installed" else f"{package}: not installed")
     return "\n".join(lines)

@@ -27,7 +27,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,10 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
-from vcd_helpers.devices import device_summary
+from vcd_helpers.devices import device_summary, package_versions
 from vcd_helpers.evaluation import EvaluationResult, evaluate_log_likelihood
 from vcd_helpers.model import VAE
-from vcd_helpers.training import VAETrainer, VCDTrainer, fit
+from vcd_helpers.training import build_trainer, fit
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
@@ -57,20 +56,7 @@ class RunDirectoryError(RuntimeError):
 
 def versions() -> dict[str, str]:
     """Python and the versions of the packages that decide a run's numbers."""
-    found = {"python": sys.version.split()[0]}
-    for package in VERSION_PACKAGES:
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "not installed"
-    return found
-
-
-def build_trainer(config: Config, *, jit_compile: bool = True) -> VAETrainer | VCDTrainer:
-    """The trainer of ``config.method`` on a freshly initialised model (seeded by ``config.seed``)."""
-    model = VAE(config.model, seed=config.seed)
-    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
-    return trainer_class(model, config, jit_compile=jit_compile)
+    return {"python": sys.version.split()[0]} | package_versions(VERSION_PACKAGES)
 
 
 def _differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:

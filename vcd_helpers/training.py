@@ -218,8 +218,9 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
             else:
                 outputs = {name: value.numpy() for name, value in loop(iterator, tf.constant(k)).items()}
             now = time.perf_counter() - start
+            first_step = int(trainer.step.numpy()) - k + 1
             for j in range(k):
-                step = int(trainer.step.numpy()) - k + j + 1
+                step = first_step + j
                 metrics = {name: float(values[j]) for name, values in outputs.items()}
                 for name, value in metrics.items():
                     if not np.isfinite(value):
@@ -262,3 +263,9 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
         mean = sums[name] / num_draws
         variance[name] = float(np.sum(squares[name] / num_draws - mean ** 2) * num_draws / (num_draws - 1))
     return variance
+
+
+def build_trainer(config: Config, *, jit_compile: bool = True) -> VAETrainer | VCDTrainer:
+    """The trainer of ``config.method`` on a freshly initialised model (seeded by ``config.seed``)."""
+    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
+    return trainer_class(VAE(config.model, seed=config.seed), config, jit_compile=jit_compile)

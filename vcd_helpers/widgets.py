@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.bench import step_flops, time_training_step
+from vcd_helpers.bench import benchmark_row
 from vcd_helpers.config import Config
 from vcd_helpers.hmc import hmc_chain
 from vcd_helpers.model import VAE
@@ -82,7 +82,7 @@ def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int
 def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (16, 32, 64, 100, 128, 256, 512, 1024),
                             steps_per_call: tuple[int, ...] = (1, 10, 100), calls: int = 3) -> widgets.Widget:
     """Sliders for the batch size and the steps per call; each change times the XLA training
-    step in the in-graph loop (``bench.time_training_step``) and prints ms/step and examples/s.
+    step in the in-graph loop (``bench.benchmark_row``) and prints ms/step and examples/s.
     The first time a batch size is seen it is compiled, which takes seconds."""
     batch = widgets.SelectionSlider(options=list(batch_sizes), value=config.batch_size if config.batch_size in
                                     batch_sizes else batch_sizes[0], description="batch size", continuous_update=False)
@@ -93,10 +93,9 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
     def rerun(_=None):
         with output:
             output.clear_output(wait=True)
-            sized = config.replace(batch_size=batch.value, optimizer={"learning_rate": config.optimizer.learning_rate})
-            ms = time_training_step(sized, "xla_loop", steps_per_call=per_call.value, calls=calls)
-            print(f"batch {batch.value}, {per_call.value} steps per call: {ms:.1f} ms per step, "
-                  f"{1000 * batch.value / ms:,.0f} examples/s, {step_flops(sized) / ms / 1e6:.1f} GFLOP/s")
+            row = benchmark_row(config.replace(batch_size=batch.value), steps_per_call=per_call.value, calls=calls)
+            print(f"batch {row.batch_size}, {per_call.value} steps per call: {row.ms_per_step:.1f} ms per step, "
+                  f"{row.examples_per_second:,.0f} examples/s, {row.gflops_per_second:.1f} GFLOP/s")
 
     for slider in (batch, per_call):
         slider.observe(rerun, names="value")
