@@ -2,8 +2,16 @@
 
 The test run uses the tiny ``test`` run profile unless the caller chose one; nbval's kernels
 inherit this environment, so every notebook sizes itself down too.
+
+The test process's CPU is split into four logical devices before TensorFlow initialises, so the
+pipeline and replication tests place stages and replicas on devices of their own; everything
+else runs on the first, as it would without the split.
 """
 
 import os
 
 os.environ.setdefault("VCD_PROFILE", "test")
+
+from vcd_helpers.devices import split_physical_device  # noqa: E402  (after the environment is set)
+
+split_physical_device(4)

@@ -3,6 +3,7 @@
     python -m vcd_helpers train --config default --results results/default
     python -m vcd_helpers train --config bs_experiment --batch-size 512 --epochs 20 --results runs/bs512
     python -m vcd_helpers train --resume --results results/default      # continue with the stored config
+    python -m vcd_helpers train --config default --strategy mirrored --replicas 2 --results runs/dp2
     python -m vcd_helpers evaluate results/default
     python -m vcd_helpers bench --batch-sizes 100 512                   # ms per step, GFLOP/s
 
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps-per-call", type=int,
                        help="training steps per host call of the in-graph loop (default: up to 10, "
                             "dividing the logging interval)")
+    train.add_argument("--strategy", choices=["none", "mirrored", "multi_worker"], default="none",
+                       help="data-parallel replicas: mirrored (GPUs, or logical CPUs split from the CPU) or "
+                            "multi_worker (one process per worker, set up by TF_CONFIG)")
+    train.add_argument("--replicas", type=int, help="replicas of the mirrored strategy (default 2)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
     bench = commands.add_parser("bench", help="time the training step: ms/step, examples/s, GFLOP/s")
@@ -109,12 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "train":
             config = resolve_config(args)
+            from vcd_helpers.distributed import build_strategy
+
+            strategy = build_strategy(args.strategy, args.replicas)  # before any other TensorFlow op
             from vcd_helpers.runs import RunDirectory, train_run
 
             if args.resume and RunDirectory(args.results).stored_config() is None:
                 raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
             results = train_run(config, args.results, command=command, progress=not args.quiet,
-                                jit_compile=not args.no_xla, steps_per_call=args.steps_per_call)
+                                jit_compile=not args.no_xla, steps_per_call=args.steps_per_call, strategy=strategy)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
                                                "test_log_likelihood")}
             print(json.dumps(summary, indent=2))

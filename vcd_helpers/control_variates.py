@@ -70,7 +70,8 @@ class ControlVariate(tf.Module):
         old = tf.gather(self.local_values, index)
         updated = self.decay * old + (1.0 - self.decay) * g
         new_local = tf.where(self._uses_local(step), updated, old)
-        self.local_values.scatter_nd_update(index[:, None], new_local)
+        # scatter_update (not scatter_nd_update) also works on tf.distribute's mirrored variables.
+        self.local_values.scatter_update(tf.IndexedSlices(new_local, index))
         if self.kind == "scheduled":
             # Entering the local phase: every example starts from the global value. Filling the
             # vector once at the switch is equivalent to filling it at every global step.

@@ -7,7 +7,7 @@ Shapes: x [batch, 784] in {0, 1}; z [..., batch, latent] (leading sample dimensi
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -102,12 +102,21 @@ class VAE(tf.Module):
     """Encoder, decoder and prior N(0, I). Parameters come in three groups, each with its own
     learning rate: ``encoder_mean``, ``encoder_scale`` and ``decoder``."""
 
-    def __init__(self, config: ModelConfig | None = None, seed: SeedLike = 0):
+    def __init__(self, config: ModelConfig | None = None, seed: SeedLike = 0, *,
+                 devices: Mapping[str, str] | None = None):
+        """``devices`` optionally places the 'encoder' and 'decoder' variables (device names);
+        the initial values do not depend on it."""
         super().__init__(name="vae")
         self.config = config or ModelConfig()
+        devices = dict(devices or {})
+        unknown = set(devices) - {"encoder", "decoder"}
+        if unknown:
+            raise ValueError(f"devices has keys {sorted(unknown)}: allowed keys are 'encoder' and 'decoder'")
         encoder_seed, decoder_seed = split_seed(seed, 2)
-        self.encoder = Encoder(self.config, encoder_seed)
-        self.decoder = Decoder(self.config, decoder_seed)
+        with tf.device(devices.get("encoder")):
+            self.encoder = Encoder(self.config, encoder_seed)
+        with tf.device(devices.get("decoder")):
+            self.decoder = Decoder(self.config, decoder_seed)
 
     @property
     def latent_dim(self) -> int:

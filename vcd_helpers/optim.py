@@ -29,15 +29,20 @@ class ReferenceRMSProp(tf.Module):
 
     def __init__(self, variables: Sequence[tf.Variable], learning_rate: float, *, decay_steps: int,
                  decay_rate: float = 0.9, rms_decay: float = 0.9, initial_mean_square: float = 0.01,
-                 name: str | None = None):
+                 slot_device: str | None = None, name: str | None = None):
         super().__init__(name=name)
         self.variables_ = tuple(variables)
         self.learning_rate = learning_rate
         self.decay_steps = decay_steps
         self.decay_rate = decay_rate
         self.rms_decay = rms_decay
-        self.mean_squares = [tf.Variable(tf.fill(v.shape, initial_mean_square), trainable=False, name="ms")
-                             for v in self.variables_]
+        # A slot lives beside its variable unless ``slot_device`` moves every slot elsewhere (the
+        # "optimiser offload" of the multi-device chapter: slots on the host, weights on devices).
+        self.mean_squares = []
+        for v in self.variables_:
+            with tf.device(slot_device or v.device):
+                self.mean_squares.append(tf.Variable(tf.fill(v.shape, initial_mean_square), trainable=False,
+                                                     name="ms"))
 
     def current_learning_rate(self, step: tf.Tensor) -> tf.Tensor:
         return step_decay(self.learning_rate, self.decay_rate, self.decay_steps, step)
@@ -46,16 +51,22 @@ class ReferenceRMSProp(tf.Module):
         """One update of every variable of the group; ``step`` (0-based) sets the learning rate."""
         lr = self.current_learning_rate(step)
         for variable, ms, grad in zip(self.variables_, self.mean_squares, gradients):
-            ms.assign(self.rms_decay * ms + (1.0 - self.rms_decay) * tf.square(grad))
-            variable.assign_sub(lr * grad / (1.0 + tf.sqrt(ms)))
+            with tf.device(ms.device):
+                ms.assign(self.rms_decay * ms + (1.0 - self.rms_decay) * tf.square(grad))
+                denominator = 1.0 + tf.sqrt(ms)
+            with tf.device(variable.device):
+                variable.assign_sub(lr * grad / denominator)
 
 
-def make_optimizers(groups: dict[str, Sequence[tf.Variable]], config: Config) -> dict[str, ReferenceRMSProp]:
-    """One ReferenceRMSProp per parameter group, with the config's learning rates and schedule."""
+def make_optimizers(groups: dict[str, Sequence[tf.Variable]], config: Config, *,
+                    slot_device: str | None = None) -> dict[str, ReferenceRMSProp]:
+    """One ReferenceRMSProp per parameter group, with the config's learning rates and schedule.
+    ``slot_device``: where the slots live (default: beside each variable)."""
     opt = config.optimizer
     return {
         name: ReferenceRMSProp(variables, config.learning_rates[name], decay_steps=config.lr_decay_steps,
                                decay_rate=opt.lr_decay_rate, rms_decay=opt.rms_decay,
-                               initial_mean_square=opt.initial_mean_square, name=f"rmsprop_{name}")
+                               initial_mean_square=opt.initial_mean_square, slot_device=slot_device,
+                               name=f"rmsprop_{name}")
         for name, variables in groups.items()
     }

@@ -36,6 +36,7 @@ import tensorflow as tf
 from vcd_helpers.config import Config
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import device_summary, package_versions
+from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
 from vcd_helpers.evaluation import EvaluationResult, evaluate_log_likelihood
 from vcd_helpers.model import VAE
 from vcd_helpers.training import build_trainer, fit
@@ -169,12 +170,14 @@ def default_steps_per_call(config: Config) -> int:
 
 
 def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "", progress: bool = True,
-              jit_compile: bool = True, steps_per_call: int | None = None) -> dict[str, Any]:
+              jit_compile: bool = True, steps_per_call: int | None = None,
+              strategy: tf.distribute.Strategy | None = None) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
 
     The step is compiled with XLA (``jit_compile``) and run ``steps_per_call`` steps per host
     call by the in-graph loop (default ``default_steps_per_call``); it must divide
-    ``config.log_every_steps``.
+    ``config.log_every_steps``. With a ``strategy`` (``distributed.build_strategy``) the VCD step
+    runs data-parallel on its replicas (a plain ``tf.function``: ``jit_compile`` is ignored).
 
     Returns the contents of results.json. A run that already finished returns its results
     without training again. Raises RunDirectoryError for a directory holding another run, and
@@ -190,7 +193,13 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     if run.results_file.exists():
         return json.loads(run.results_file.read_text())
 
-    trainer = build_trainer(config, jit_compile=jit_compile)
+    if strategy is None:
+        trainer = build_trainer(config, jit_compile=jit_compile)
+    elif config.method != "vcd":
+        raise ValueError(f"method={config.method!r} is invalid with a distribution strategy: only 'vcd' is replicated")
+    else:
+        trainer = ReplicatedVCDTrainer(config, strategy)
+        jit_compile = False
     wall_time = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="wall_time")
     checkpoint = tf.train.Checkpoint(trainer=trainer, wall_time=wall_time)
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir, max_to_keep=KEPT_CHECKPOINTS)
@@ -246,6 +255,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
         "device": device_summary(),
         "versions": versions(),
         "jit_compile": jit_compile,
+        "strategy": {"name": strategy_name(strategy), "replicas": strategy.num_replicas_in_sync if strategy else 1},
         "steps_per_call": steps_per_call,
         "command": command,
     }

@@ -82,23 +82,25 @@ class VCDTrainer(tf.Module):
 
     metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
 
-    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
+    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False, slot_device: str | None = None):
         super().__init__(name="vcd_trainer")
         self.model = model
         self.config = config
-        self.optimizers = make_optimizers(model.parameter_groups(), config)
+        self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = tf.constant([config.seed, 2], tf.int32)
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
 
-    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor,
+                           step_size: tf.Tensor | None = None) -> VCDEstimate:
         """One draw of the VCD gradient estimator, without changing any state.
 
-        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from the
-        persistent ``step_size``. Chapter 4 calls this many times at fixed parameters to measure
-        the estimator's variance.
+        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from
+        ``step_size`` (default: the persistent one). Chapter 4 calls this many times at fixed
+        parameters to measure the estimator's variance; gradient accumulation calls it once
+        per micro-batch.
         """
         hmc = self.config.hmc
         groups = self.model.parameter_groups()
@@ -107,7 +109,8 @@ class VCDTrainer(tf.Module):
             loc, scale = self.model.encoder(x)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
-                chain = hmc_chain(lambda z: self.model.log_joint(x, z), z0, self.step_size,
+                chain = hmc_chain(lambda z: self.model.log_joint(x, z), z0,
+                                  self.step_size if step_size is None else step_size,
                                   num_iterations=hmc.num_iterations, num_leapfrog_steps=hmc.num_leapfrog_steps,
                                   seed=chain_seed, target_accept_rate=hmc.target_accept_rate,
                                   adaptation_rate=hmc.adaptation_rate)
@@ -119,10 +122,20 @@ class VCDTrainer(tf.Module):
         del tape
         return VCDEstimate(gradients, encoder_loss, decoder_loss, g, chain.accept_rate, chain.step_size)
 
+    def batch_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+        """The step's gradient estimate on the batch (index [B], x [B, 784], baseline [B]).
+
+        Here the plain estimator; the pipelined and replicated trainers compute the same sum over
+        micro-batches or replicas instead.
+        """
+        del index
+        return self.estimate_gradients(x, baseline, seed)
+
     def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
         """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
         baseline = self.control_variate.values(index, self.step)  # from before this step's update
-        estimate = self.estimate_gradients(x, baseline, tf.random.experimental.stateless_fold_in(self.seed, self.step))
+        seed = tf.random.experimental.stateless_fold_in(self.seed, self.step)
+        estimate = self.batch_estimate(index, x, baseline, seed)
         for name, optimizer in self.optimizers.items():
             optimizer.apply_gradients(estimate.gradients[name], self.step)
         self.control_variate.update(index, estimate.g, self.step)

@@ -1,0 +1,201 @@
+"""Pipelined and replicated VCD: schedules, validation, and gradients equal to the plain path.
+
+The process's CPU is split into four logical devices by conftest.py (before TensorFlow starts),
+so a stage or replica per device runs here as it would on four accelerators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers import distributed, pipeline
+from vcd_helpers.config import load_config
+from vcd_helpers.data import indexed_batches, load_binarized_mnist
+from vcd_helpers.model import VAE
+from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer, Task
+from vcd_helpers.training import VCDTrainer, fit
+
+STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
+# min_scale 0.1 keeps the untrained encoder's scales away from 1e-4, where g reaches 1e10 and float32
+# sums in a different order differ in the fourth digit.
+SMALL = dict(batch_size=24, train_examples=240, model={"min_scale": 0.1}, hmc={"num_iterations": 3, "num_leapfrog_steps": 3},
+             control_variate={"kind": "local"}, optimizer={"learning_rate": 5e-4})
+
+
+@pytest.fixture(scope="module")
+def batch():
+    config = load_config("default").replace(**SMALL)
+    images = load_binarized_mnist("train")[:240]
+    index, x = next(iter(indexed_batches(images, 24, seed=0)))
+    return config, index, x
+
+
+def _max_relative_error(expected, actual) -> float:
+    return max(float(tf.reduce_max(tf.abs(a - e)) / tf.reduce_max(tf.abs(e)))
+               for name in expected.gradients for e, a in zip(expected.gradients[name], actual.gradients[name]))
+
+
+def test_interleaved_order_is_one_forward_one_backward():
+    orders = pipeline.device_orders("interleaved", 3, 4)
+    assert [t.label for t in orders[0]] == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    assert [t.label for t in orders[2]] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert pipeline.in_flight_micro_batches(orders) == [3, 2, 1]
+    assert pipeline.in_flight_micro_batches(pipeline.device_orders("grouped", 3, 4)) == [4, 4, 4]
+
+
+@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+def test_execution_order_respects_data_and_device_order(schedule):
+    order = pipeline.execution_order(schedule, 3, 5)
+    assert len(order) == len(set(order)) == 30
+    seen = set()
+    for task in order:
+        if task.kind == "F" and task.stage > 0:
+            assert Task("F", task.stage - 1, task.micro_batch) in seen
+        if task.kind == "B":
+            assert Task("F", task.stage, task.micro_batch) in seen
+            if task.stage < 2:
+                assert Task("B", task.stage + 1, task.micro_batch) in seen
+        seen.add(task)
+    for stage, device_order in enumerate(pipeline.device_orders(schedule, 3, 5)):
+        assert [t for t in order if t.stage == stage] == device_order
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(schedule="round_robin"), "schedule='round_robin' is invalid: must be one of sequential, grouped"),
+    (dict(schedule="interleaved", gradient_accumulation=2), "needs at least 3 micro-batches"),
+    (dict(micro_batch_size=0), "micro_batch_size=0 is invalid: must be a positive integer"),
+    (dict(device_iterations=1.5), "device_iterations=1.5 is invalid"),
+    (dict(devices=("/CPU:0",)), "give one device per stage"),
+])
+def test_bad_pipeline_configs_are_clear_errors(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        PipelineConfig(**overrides)
+
+
+def test_pipeline_must_see_the_configured_batch_on_existing_devices(batch):
+    config, _, _ = batch
+    with pytest.raises(ValueError, match="8 x 4 = 32 does not match config.batch_size=24"):
+        PipelinedVCDTrainer(config, PipelineConfig(micro_batch_size=8, gradient_accumulation=4))
+    with pytest.raises(ValueError, match=r"devices \['/CPU:9'\] do not exist here"):
+        PipelinedVCDTrainer(config, PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
+                                                   devices=("/CPU:1", "/CPU:2", "/CPU:9")))
+
+
+def test_batch_sizes_multiply():
+    assert pipeline.batch_sizes(8, 4, 2, 10) == {"effective_batch": 64, "examples_per_host_call": 640}
+
+
+@pytest.mark.parametrize("schedule, recompute", [("sequential", False), ("grouped", False), ("interleaved", False),
+                                                ("interleaved", True)])
+def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches(batch, schedule, recompute):
+    config, _, x = batch
+    baseline = 100.0 * tf.random.stateless_normal([24], seed=[3, 3])
+    seed = tf.constant([5, 6])
+    plain = VCDTrainer(VAE(config.model, seed=config.seed), config)
+    expected = tf.function(lambda: pipeline.accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+    trainer = PipelinedVCDTrainer(config, PipelineConfig(schedule=schedule, micro_batch_size=8, gradient_accumulation=3,
+                                                         devices=STAGE_DEVICES, recompute_encoder=recompute))
+    actual, times = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
+    assert _max_relative_error(expected, actual) < 1e-4
+    np.testing.assert_allclose(actual.encoder_loss, expected.encoder_loss, rtol=1e-5)
+    np.testing.assert_allclose(actual.decoder_loss, expected.decoder_loss, rtol=1e-5)
+    np.testing.assert_allclose(actual.g, expected.g, rtol=1e-5)
+    assert float(actual.step_size) == pytest.approx(float(expected.step_size), rel=1e-6)
+    assert times.shape == (18, 2) and np.all(times[:, 1] >= times[:, 0])
+
+
+def test_one_micro_batch_is_the_plain_estimator(batch):
+    config, _, x = batch
+    plain = VCDTrainer(VAE(config.model, seed=config.seed), config)
+    seed = tf.constant([1, 2])
+    single = tf.function(lambda: plain.estimate_gradients(x, tf.zeros([24]), tf.random.experimental.stateless_fold_in(seed, 0)))()
+    accumulated = tf.function(lambda: pipeline.accumulate_gradients(plain, x, tf.zeros([24]), seed, micro_batch_size=24))()
+    assert _max_relative_error(single, accumulated) == 0.0
+
+
+def test_pipelined_training_step_runs_in_the_loop_and_records_a_timeline(batch):
+    config, _, _ = batch
+    trainer = PipelinedVCDTrainer(config, PipelineConfig(schedule="interleaved", micro_batch_size=8,
+                                                         gradient_accumulation=3, device_iterations=2,
+                                                         devices=STAGE_DEVICES, slot_device="/CPU:0"))
+    images = load_binarized_mnist("train")[:240]
+    history = fit(trainer, indexed_batches(images, 24, seed=0), 4, steps_per_call=2, progress=False)
+    assert np.all(np.isfinite(history["encoder_loss"])) and int(trainer.step.numpy()) == 4
+    index, x = next(iter(indexed_batches(images, 24, seed=0)))
+    _, timeline = trainer.timed_step(index, x)
+    assert [t.kind for t in timeline.tasks[:3]] == ["F", "F", "F"] and timeline.span > 0
+    placed = pipeline.state_bytes_per_device(trainer)
+    assert placed["/CPU:0"] > 4 * 598_404  # every optimiser slot offloaded to the host device
+
+
+def test_replicas_compute_the_same_sum_as_accumulation(batch):
+    config, index, x = batch
+    baseline = tf.zeros([24])
+    seed = tf.constant([7, 8])
+    strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES))
+    replicated = distributed.ReplicatedVCDTrainer(config, strategy)
+    actual = tf.function(lambda: replicated.batch_estimate(index, x, baseline, seed))()
+    expected = tf.function(lambda: pipeline.accumulate_gradients(replicated, x, baseline, seed, micro_batch_size=8))()
+    assert _max_relative_error(expected, actual) < 1e-5
+    images = load_binarized_mnist("train")[:240]
+    history = fit(replicated, indexed_batches(images, 24, seed=0), 4, steps_per_call=2, progress=False)
+    assert np.all(np.isfinite(history["encoder_loss"]))
+
+
+def test_bad_strategy_input_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="strategy='ring' is invalid"):
+        distributed.make_strategy("ring")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="needs the TF_CONFIG environment variable"):
+        distributed.make_strategy("multi_worker")
+    with pytest.raises(ValueError, match="only 'mirrored' takes replicas"):
+        distributed.build_strategy("none", 2)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_two_workers_over_loopback_train_the_same_model(tmp_path):
+    """The training command under MultiWorkerMirroredStrategy: two processes, one replica each,
+    all-reducing over gRPC on 127.0.0.1. Each worker sees only the other's gradients through the
+    all-reduce, so equal metrics on both prove the reduction ran."""
+    config = load_config("default").replace(name="two_workers", batch_size=20, train_examples=200, steps=6,
+                                            log_every_steps=2, checkpoint_every_steps=2,
+                                            hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
+                                            control_variate={"kind": "global"},
+                                            evaluation={"num_examples": 4, "num_samples": 8, "chunk_size": 8,
+                                                        "burn_in": 2, "kept": 2})
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.to_json())
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    processes = []
+    for task in range(2):
+        env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3",
+                            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": task}})}
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file), "--results",
+             str(tmp_path / f"worker{task}"), "--strategy", "multi_worker", "--quiet"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    results = [json.loads((tmp_path / f"worker{k}" / "results.json").read_text()) for k in range(2)]
+    assert [r["strategy"] for r in results] == [{"name": "multi_worker", "replicas": 2}] * 2
+    metrics = [(tmp_path / f"worker{k}" / "metrics.csv").read_text().splitlines() for k in range(2)]
+    strip_time = lambda rows: [row.split(",")[:1] + row.split(",")[2:] for row in rows]
+    assert strip_time(metrics[0]) == strip_time(metrics[1]) and len(metrics[0]) == 4

@@ -1,0 +1,438 @@
+"""Pipelined VCD: the training step split into stages on several devices, micro-batches
+flowing through them under a schedule, gradients accumulated over the micro-batches.
+
+The three stages, each on its own device (``PipelineConfig.devices``):
+
+    stage 0 "encoder"  forward: x -> loc, scale, z0 = loc + scale * eps
+                       backward: the encoder's gradients, from the messages of stages 1 and 2
+    stage 1 "hmc"      forward: the HMC chain z0 -> zT on the decoder's log joint
+                       backward: log p(x, z0) and its gradient with respect to z0
+    stage 2 "decoder"  forward: log p(x | zT) under a tape
+                       backward: the decoder's gradients, and log p(x, zT) for the encoder's g
+
+The encoder's variables live on stage 0's device; the decoder's on stage 1's, where the chain
+evaluates the decoder 41 times per micro-batch (and XLA requires its variables on its device);
+stage 2 reads them once per micro-batch.
+
+This is the maths of ``objectives.vcd_surrogate_losses`` cut at the stage boundaries: the
+encoder's pathwise term -log p(x, z0) enters stage 0 as the vector grad_z0 that stage 1 sends
+back (d/dtheta of -log p(x, z0(theta)) is -grad_z0 . dz0/dtheta). ``accumulate_gradients`` is the
+unpipelined reference: the plain estimator (``VCDTrainer.estimate_gradients``) on each
+micro-batch, summed. The tests hold the two equal for every schedule.
+
+Micro-batch m of a step draws its randomness from ``fold_in(step_seed, m)`` and starts its chain
+from the step size the step began with; after the step the step size is the mean of the
+micro-batches' adapted step sizes. (The plain step adapts on all B chains at once; chains of
+different micro-batches cannot share an acceptance rate without serialising the pipeline.)
+
+A *schedule* fixes the order of the tasks (forward or backward of a stage on a micro-batch) on
+each device; the step's graph enforces it with control dependencies, and TensorFlow runs tasks
+on different devices concurrently. Each task records ``tf.timestamp()`` when it starts and ends,
+which gives the measured timeline (``Timeline``) of a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from vcd_helpers.config import Config
+from vcd_helpers.hmc import hmc_chain, value_and_gradient
+from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
+from vcd_helpers.objectives import posterior_distribution
+from vcd_helpers.training import VCDEstimate, VCDTrainer
+
+SCHEDULES = ("sequential", "grouped", "interleaved")
+STAGE_NAMES = ("encoder", "hmc", "decoder")
+NUM_STAGES = len(STAGE_NAMES)
+
+
+def batch_sizes(micro_batch_size: int, gradient_accumulation: int = 1, replicas: int = 1,
+                device_iterations: int = 1) -> dict[str, int]:
+    """How the micro-batch sets the batch an optimiser step sees and the examples a host call takes.
+
+    effective_batch = micro_batch_size x gradient_accumulation x replicas (one optimiser step);
+    examples_per_host_call = effective_batch x device_iterations.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("gradient_accumulation", gradient_accumulation),
+                        ("replicas", replicas), ("device_iterations", device_iterations)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
+    effective = micro_batch_size * gradient_accumulation * replicas
+    return {"effective_batch": effective, "examples_per_host_call": effective * device_iterations}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How a VCD step is pipelined.
+
+    schedule: 'sequential' (one task at a time, in micro-batch order: sharded execution, for
+      debugging), 'grouped' (each device runs all its forwards, then all its backwards) or
+      'interleaved' (one forward, one backward: 1F1B).
+    micro_batch_size x gradient_accumulation must equal the Config's batch_size: the optimiser
+      step sees the same batch as without pipelining.
+    device_iterations: optimiser steps per host call (the in-graph loop's k).
+    devices: one device name per stage, or () to leave placement to TensorFlow.
+    recompute_encoder: keep only the encoder's input from forward to backward and recompute its
+      activations in the backward task (``tf.recompute_grad``).
+    slot_device: where the optimiser slots live (None: beside their weights).
+    """
+
+    schedule: str = "interleaved"
+    micro_batch_size: int = 25
+    gradient_accumulation: int = 4
+    device_iterations: int = 1
+    devices: tuple[str, ...] = ()
+    recompute_encoder: bool = False
+    slot_device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+        batch_sizes(self.micro_batch_size, self.gradient_accumulation, 1, self.device_iterations)
+        if self.schedule != "sequential" and self.gradient_accumulation < NUM_STAGES:
+            raise ValueError(
+                f"gradient_accumulation={self.gradient_accumulation} is invalid for the {self.schedule} schedule: "
+                f"a pipeline of {NUM_STAGES} stages needs at least {NUM_STAGES} micro-batches per step to fill "
+                "(with fewer, some stage idles for the whole step); use the sequential schedule or accumulate more")
+        if self.devices and len(self.devices) != NUM_STAGES:
+            raise ValueError(f"devices={self.devices!r} is invalid: give one device per stage "
+                             f"({', '.join(STAGE_NAMES)}), or () for no placement")
+
+    @property
+    def batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation
+
+    def device(self, stage: int) -> str | None:
+        return self.devices[stage] if self.devices else None
+
+
+def short_device_name(name: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' or '/device:CPU:1' -> '/CPU:1'."""
+    spec = tf.DeviceSpec.from_string(name)
+    return f"/{spec.device_type}:{spec.device_index}"
+
+
+class Task(NamedTuple):
+    """One unit of pipeline work: ``kind`` 'F' (forward) or 'B' (backward) of ``stage`` on ``micro_batch``."""
+
+    kind: str
+    stage: int
+    micro_batch: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.micro_batch}"
+
+
+def device_orders(schedule: str, num_stages: int, num_micro_batches: int) -> list[list[Task]]:
+    """The order of the tasks on each stage's device under ``schedule``: one list per stage.
+
+    grouped: all forwards, then all backwards. interleaved (1F1B): stage s runs
+    ``num_stages - s - 1`` forwards to fill the pipeline, then alternates one forward and one
+    backward, then drains the remaining backwards. sequential: forwards then backwards per
+    micro-batch (``execution_order`` also serialises the devices).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    orders = []
+    for s in range(num_stages):
+        forwards = [Task("F", s, m) for m in range(num_micro_batches)]
+        backwards = [Task("B", s, m) for m in range(num_micro_batches)]
+        if schedule == "sequential":
+            order = [task for m in range(num_micro_batches) for task in (forwards[m], backwards[m])]
+        elif schedule == "grouped":
+            order = forwards + backwards
+        else:
+            warmup = min(num_stages - s - 1, num_micro_batches)
+            order = forwards[:warmup]
+            for m in range(num_micro_batches - warmup):
+                order += [forwards[warmup + m], backwards[m]]
+            order += backwards[num_micro_batches - warmup:]
+        orders.append(order)
+    return orders
+
+
+def _dependencies(task: Task, num_stages: int) -> list[Task]:
+    """The tasks whose outputs ``task`` reads."""
+    if task.kind == "F":
+        return [Task("F", task.stage - 1, task.micro_batch)] if task.stage > 0 else []
+    deps = [Task("F", task.stage, task.micro_batch)]
+    if task.stage < num_stages - 1:
+        deps.append(Task("B", task.stage + 1, task.micro_batch))
+    return deps
+
+
+def execution_order(schedule: str, num_stages: int, num_micro_batches: int) -> list[Task]:
+    """All tasks in one order that respects both the data dependencies and every device's order
+    (the order in which the step's graph is built). For 'sequential' it is the order they run in.
+
+    Raises ValueError if the device orders deadlock (no such order exists).
+    """
+    orders = device_orders(schedule, num_stages, num_micro_batches)
+    if schedule == "sequential":
+        return [task for m in range(num_micro_batches) for task in
+                [Task("F", s, m) for s in range(num_stages)] + [Task("B", s, m) for s in reversed(range(num_stages))]]
+    done: set[Task] = set()
+    position = [0] * num_stages
+    result: list[Task] = []
+    while len(result) < num_stages * num_micro_batches * 2:
+        progressed = False
+        for s in range(num_stages):
+            while position[s] < len(orders[s]) and all(d in done for d in _dependencies(orders[s][position[s]], num_stages)):
+                task = orders[s][position[s]]
+                done.add(task)
+                result.append(task)
+                position[s] += 1
+                progressed = True
+        if not progressed:
+            waiting = [orders[s][position[s]] for s in range(num_stages) if position[s] < len(orders[s])]
+            raise ValueError(f"the {schedule} schedule deadlocks: every device waits ({waiting})")
+    return result
+
+
+class Timeline(NamedTuple):
+    """Measured start and end of every task of one step, in seconds from the step's first start.
+
+    tasks: the tasks, in ``execution_order``; start, end: [num_tasks] float64 arrays.
+    """
+
+    tasks: list[Task]
+    start: np.ndarray
+    end: np.ndarray
+
+    @property
+    def span(self) -> float:
+        return float(self.end.max())
+
+    def busy_fraction(self) -> list[float]:
+        """Per stage: the fraction of the step's span its device spent running tasks."""
+        busy = [0.0] * NUM_STAGES
+        for task, a, b in zip(self.tasks, self.start, self.end):
+            busy[task.stage] += b - a
+        return [b / self.span for b in busy]
+
+
+def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,
+                         micro_batch_size: int) -> VCDEstimate:
+    """The unpipelined reference: the plain estimator on each micro-batch, summed.
+
+    x [B, 784] with B a multiple of ``micro_batch_size``; baseline [B]; seed [2], the step's
+    seed. Micro-batch m uses ``fold_in(seed, m)`` and the persistent step size. Returns the
+    estimate with gradients and losses summed over the micro-batches, g [B] in batch order, the
+    mean accept rate and the mean adapted step size. Changes no state.
+    """
+    batch = int(x.shape[0])
+    if batch % micro_batch_size:
+        raise ValueError(f"batch of {batch} is not a multiple of micro_batch_size={micro_batch_size}")
+    estimates = []
+    for m in range(batch // micro_batch_size):
+        rows = slice(m * micro_batch_size, (m + 1) * micro_batch_size)
+        estimates.append(trainer.estimate_gradients(x[rows], baseline[rows],
+                                                    tf.random.experimental.stateless_fold_in(seed, m)))
+    gradients = {name: [tf.add_n([e.gradients[name][k] for e in estimates]) for k in range(len(grads))]
+                 for name, grads in estimates[0].gradients.items()}
+    return VCDEstimate(gradients, tf.add_n([e.encoder_loss for e in estimates]),
+                       tf.add_n([e.decoder_loss for e in estimates]), tf.concat([e.g for e in estimates], 0),
+                       tf.reduce_mean([e.accept_rate for e in estimates]),
+                       tf.reduce_mean([e.step_size for e in estimates]))
+
+
+class PipelinedVCDTrainer(VCDTrainer):
+    """A VCD trainer whose step runs as a pipeline over three devices.
+
+    Same state as ``VCDTrainer`` (so checkpoints are interchangeable) and the same
+    ``train_step(index, x)``, with x the effective batch [micro_batch_size x
+    gradient_accumulation, 784]; ``timed_step`` also returns the step's measured ``Timeline``.
+    ``jit_compile`` compiles the HMC chain (stage 1's forward, most of the work) with XLA; the
+    step around it stays a plain ``tf.function``, whose executor runs the devices concurrently.
+    Run ``device_iterations`` steps per host call with ``training.fit(...,
+    steps_per_call=pipeline.device_iterations)``.
+    """
+
+    def __init__(self, config: Config, pipeline: PipelineConfig, *, jit_compile: bool = False):
+        if pipeline.batch_size != config.batch_size:
+            raise ValueError(
+                f"micro_batch_size x gradient_accumulation = {pipeline.micro_batch_size} x "
+                f"{pipeline.gradient_accumulation} = {pipeline.batch_size} does not match config.batch_size="
+                f"{config.batch_size}: the optimiser step must see the configured batch")
+        known = [short_device_name(d.name) for d in tf.config.list_logical_devices()]
+        missing = [d for d in pipeline.devices if short_device_name(d) not in known]
+        if missing:
+            raise ValueError(f"devices {missing} do not exist here; logical devices: {known}. Make more "
+                             "with devices.split_physical_device(n) at the start of the process")
+        model = VAE(config.model, seed=config.seed,
+                    devices={"encoder": pipeline.device(0), "decoder": pipeline.device(1)} if pipeline.devices else None)
+        super().__init__(model, config, slot_device=pipeline.slot_device)
+        self.pipeline = pipeline
+        self.run_chain = tf.function(self._run_chain, jit_compile=True) if jit_compile else self._run_chain
+        self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
+        self.device_order = device_orders(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
+        self.train_step = tf.function(self._train_step)
+        self.timed_step_fn = tf.function(self._timed_train_step)
+
+    def timed_step(self, index: tf.Tensor, x: tf.Tensor) -> tuple[dict[str, tf.Tensor], Timeline]:
+        """One training step, and when each of its tasks ran."""
+        metrics, times = self.timed_step_fn(index, x)
+        times = times.numpy()
+        origin = times[:, 0].min()
+        return metrics, Timeline(list(self.order), times[:, 0] - origin, times[:, 1] - origin)
+
+    def estimate_gradients_pipelined(self, x: tf.Tensor, baseline: tf.Tensor,
+                                     seed: tf.Tensor) -> tuple[VCDEstimate, tf.Tensor]:
+        """The pipelined counterpart of ``accumulate_gradients``: x [B, 784], baseline [B], seed
+        [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2]). Changes no state."""
+        p = self.pipeline
+        b = p.micro_batch_size
+        model = self.model
+        groups = model.parameter_groups()
+        encoder_variables = list(groups["encoder_mean"]) + list(groups["encoder_scale"])
+        num_mean = len(groups["encoder_mean"])
+        step_size = tf.convert_to_tensor(self.step_size)
+
+        def encoder_fn(x_m):
+            return model.encoder(x_m)
+
+        encoder = tf.recompute_grad(encoder_fn) if p.recompute_encoder else encoder_fn
+        state: dict[tuple[str, int], object] = {}
+
+        def forward(stage: int, m: int) -> list[tf.Tensor]:
+            x_m = x[m * b:(m + 1) * b]
+            noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
+                tf.random.experimental.stateless_fold_in(seed, m), 2))
+            if stage == 0:
+                tape = tf.GradientTape(persistent=False, watch_accessed_variables=False)
+                with tape:
+                    tape.watch(encoder_variables)
+                    loc, scale = encoder(x_m)
+                eps = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+                state["encoder", m] = (tape, loc, scale, eps)
+                z0 = tf.stop_gradient(loc + scale * eps)
+                state["z0", m] = z0
+                return [z0]
+            if stage == 1:
+                chain = self.run_chain(x_m, state["z0", m], step_size, chain_seed)
+                state["chain", m] = chain
+                return [chain.final_state, chain.accept_rate, chain.step_size]
+            zT = state["chain", m].final_state
+            tape = tf.GradientTape(watch_accessed_variables=False)
+            with tape:
+                tape.watch(groups["decoder"])
+                log_likelihood = bernoulli_log_likelihood(x_m, model.decoder(zT))
+            state["decoder", m] = (tape, log_likelihood)
+            return [log_likelihood]
+
+        def backward(stage: int, m: int) -> list[tf.Tensor]:
+            x_m = x[m * b:(m + 1) * b]
+            if stage == 2:
+                tape, log_likelihood = state["decoder", m]
+                decoder_loss = -tf.reduce_sum(log_likelihood)
+                # d decoder_loss / d log_likelihood is -1 for every example.
+                gradients = tape.gradient(log_likelihood, groups["decoder"],
+                                          output_gradients=-tf.ones_like(log_likelihood))
+                zT = state["chain", m].final_state
+                log_joint_zT = tf.stop_gradient(log_likelihood) + standard_normal_log_prob(zT)
+                state["decoder_out", m] = (gradients, decoder_loss)
+                state["log_joint_zT", m] = log_joint_zT
+                return [decoder_loss, log_joint_zT, *gradients]
+            if stage == 1:
+                log_joint_z0, grad_z0 = value_and_gradient(lambda z: model.log_joint(x_m, z), state["z0", m])
+                state["z0_message", m] = (log_joint_z0, grad_z0)
+                return [log_joint_z0, grad_z0]
+            tape, loc, scale, eps = state["encoder", m]
+            zT = state["chain", m].final_state
+            log_joint_z0, grad_z0 = state["z0_message", m]
+            log_joint_zT = state["log_joint_zT", m]
+            baseline_m = baseline[m * b:(m + 1) * b]
+            with tf.GradientTape() as head:
+                head.watch([loc, scale])
+                z0 = loc + scale * eps
+                g = log_joint_zT + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), axis=-1)
+                log_q0 = posterior_distribution(loc, scale).log_prob(tf.stop_gradient(z0))
+                score = tf.stop_gradient(g - baseline_m) * log_q0
+                # -grad_z0 . z0 has the gradient of -log p(x, z0) through z0; its value is not the loss.
+                objective = tf.reduce_sum(-tf.reduce_sum(grad_z0 * z0, axis=-1) + g + score)
+            d_loc, d_scale = head.gradient(objective, [loc, scale])
+            gradients = tape.gradient([loc, scale], encoder_variables, output_gradients=[d_loc, d_scale])
+            encoder_loss = tf.reduce_sum(-log_joint_z0 + g + score)
+            state["encoder_out", m] = (gradients, encoder_loss, tf.stop_gradient(g))
+            return [encoder_loss, *gradients]
+
+        times = []
+        last_on_device: dict[int, tf.Tensor] = {}
+        previous_end = None
+        for task in self.order:
+            after = previous_end if p.schedule == "sequential" else last_on_device.get(task.stage)
+            with tf.device(p.device(task.stage)):
+                with tf.control_dependencies([] if after is None else [after]):
+                    start = tf.timestamp()
+                with tf.control_dependencies([start]):
+                    outputs = (forward if task.kind == "F" else backward)(task.stage, task.micro_batch)
+                with tf.control_dependencies(outputs):
+                    end = tf.timestamp()
+            times.append(tf.stack([start, end]))
+            last_on_device[task.stage] = previous_end = end
+
+        micro = range(p.gradient_accumulation)
+        with tf.device(p.device(0)):
+            encoder_sums = [tf.add_n([state["encoder_out", m][0][k] for m in micro]) for k in range(len(encoder_variables))]
+        with tf.device(p.device(2)):
+            decoder_sums = [tf.add_n([state["decoder_out", m][0][k] for m in micro])
+                            for k in range(len(groups["decoder"]))]
+        gradients = {"encoder_mean": encoder_sums[:num_mean], "encoder_scale": encoder_sums[num_mean:],
+                     "decoder": decoder_sums}
+        estimate = VCDEstimate(
+            gradients,
+            tf.add_n([state["encoder_out", m][1] for m in micro]),
+            tf.add_n([state["decoder_out", m][1] for m in micro]),
+            tf.concat([state["encoder_out", m][2] for m in micro], 0),
+            tf.reduce_mean([state["chain", m].accept_rate for m in micro]),
+            tf.reduce_mean([state["chain", m].step_size for m in micro]))
+        return estimate, tf.stack(times)
+
+    def _run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor):
+        """Stage 1's work: the HMC chain from z0 [b, D] on log p(x, .), x [b, 784]."""
+        hmc = self.config.hmc
+        return hmc_chain(lambda z: self.model.log_joint(x, z), z0, step_size, num_iterations=hmc.num_iterations,
+                         num_leapfrog_steps=hmc.num_leapfrog_steps, seed=seed,
+                         target_accept_rate=hmc.target_accept_rate, adaptation_rate=hmc.adaptation_rate)
+
+    def batch_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+        """The pipelined estimate; the tasks' timestamps are kept for ``timed_step``'s trace."""
+        estimate, self._task_times = self.estimate_gradients_pipelined(x, baseline, seed)
+        return estimate
+
+    def _timed_train_step(self, index: tf.Tensor, x: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        metrics = self._train_step(index, x)
+        return metrics, self._task_times  # set while tracing _train_step, in this same graph
+
+
+def state_bytes_per_device(trainer: VCDTrainer) -> dict[str, int]:
+    """Bytes of trainer state (weights, optimiser slots, control variate, ...) on each device."""
+    totals: dict[str, int] = {}
+    for variable in trainer.variables:
+        device = short_device_name(variable.device)
+        totals[device] = totals.get(device, 0) + int(np.prod(variable.shape)) * variable.dtype.size
+    return dict(sorted(totals.items()))
+
+
+def in_flight_micro_batches(orders: list[list[Task]]) -> list[int]:
+    """Per stage: the most micro-batches whose forward has run and backward has not (each holds
+    its saved activations): the activation memory a schedule needs, in micro-batches."""
+    peaks = []
+    for order in orders:
+        live = peak = 0
+        for task in order:
+            live += 1 if task.kind == "F" else -1
+            peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
+def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
+    """The idle share of a balanced pipeline: (S - 1) / (M + S - 1)."""
+    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+
