@@ -31,8 +31,9 @@ def test_final_states_match_the_target_moments():
 
 def test_adaptation_drives_acceptance_to_the_target():
     far_too_big = 2.5
-    result = hmc_chain(TARGET.log_prob, TARGET.sample(500, seed=[1, 2]), far_too_big, num_iterations=300,
-                       num_leapfrog_steps=5, seed=3, return_trace=True)
+    chain = tf.function(lambda start: hmc_chain(TARGET.log_prob, start, far_too_big, num_iterations=300,
+                                                num_leapfrog_steps=5, seed=3, return_trace=True))
+    result = chain(TARGET.sample(500, seed=[1, 2]))
     late = result.trace.accept_rates.numpy()[-100:].mean()
     assert abs(late - 0.9) < 0.05, late
     assert float(result.step_size) < far_too_big

@@ -69,3 +69,24 @@ def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_siz
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def plot_timeline(timeline, *, ax: plt.Axes | None = None, title: str | None = None,
+                  stage_names: tuple[str, ...] = ("encoder", "hmc", "decoder")) -> plt.Axes:
+    """A measured pipeline step (``pipeline.Timeline``) as a Gantt chart: one row per stage's
+    device, a bar per task (forwards solid, backwards hatched), labelled with its micro-batch."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 2.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for task, start, end in zip(timeline.tasks, timeline.start * 1e3, timeline.end * 1e3):
+        row = len(stage_names) - 1 - task.stage
+        ax.barh(row, end - start, left=start, height=0.7, color=colors[task.micro_batch % len(colors)],
+                alpha=0.9 if task.kind == "F" else 0.5, hatch=None if task.kind == "F" else "//",
+                edgecolor="black", linewidth=0.4)
+        if end - start > 0.03 * timeline.span * 1e3:
+            ax.text((start + end) / 2, row, task.label, ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(stage_names)), [f"device {s}: {n}" for s, n in reversed(list(enumerate(stage_names)))])
+    ax.set_xlabel("ms from the start of the step")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
