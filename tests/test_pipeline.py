@@ -26,7 +26,7 @@ from vcd_helpers.training import VCDTrainer, fit
 STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
 # min_scale 0.1 keeps the untrained encoder's scales away from 1e-4, where g reaches 1e10 and float32
 # sums in a different order differ in the fourth digit.
-SMALL = dict(batch_size=24, train_examples=240, model={"min_scale": 0.1}, hmc={"num_iterations": 3, "num_leapfrog_steps": 3},
+SMALL = dict(batch_size=24, train_examples=240, model={"min_scale": 0.1}, hmc={"num_iterations": 2, "num_leapfrog_steps": 1},
              control_variate={"kind": "local"}, optimizer={"learning_rate": 5e-4})
 
 

@@ -270,7 +270,6 @@ class PipelinedVCDTrainer(VCDTrainer):
         self.pipeline = pipeline
         self.run_chain = tf.function(self._run_chain, jit_compile=True) if jit_compile else self._run_chain
         self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
-        self.device_order = device_orders(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
         self.train_step = tf.function(self._train_step)
         self.timed_step_fn = tf.function(self._timed_train_step)
 
