@@ -142,7 +142,7 @@ def test_replicas_compute_the_same_sum_as_accumulation(batch):
     seed = tf.constant([7, 8])
     strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES))
     replicated = distributed.ReplicatedVCDTrainer(config, strategy)
-    actual = tf.function(lambda: replicated.batch_estimate(index, x, baseline, seed))()
+    actual = tf.function(lambda: replicated.batch_estimate(x, baseline, seed))()
     expected = tf.function(lambda: pipeline.accumulate_gradients(replicated, x, baseline, seed, micro_batch_size=8))()
     assert _max_relative_error(expected, actual) < 1e-5
     images = load_binarized_mnist("train")[:240]

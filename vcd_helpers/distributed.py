@@ -108,9 +108,8 @@ class ReplicatedVCDTrainer(VCDTrainer):
         return self.estimate_gradients(x[begin:begin + rows], baseline[begin:begin + rows],
                                        tf.random.experimental.stateless_fold_in(seed, replica))
 
-    def batch_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+    def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """The estimate summed over the replicas (cross-replica context); changes no state."""
-        del index
         per_replica = self.strategy.run(self._replica_estimate, args=(x, baseline, seed))
         total = lambda value: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
         mean = lambda value: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)

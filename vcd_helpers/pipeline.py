@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import Config
-from vcd_helpers.hmc import hmc_chain, value_and_gradient
+from vcd_helpers.hmc import value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import posterior_distribution
 from vcd_helpers.training import VCDEstimate, VCDTrainer
@@ -268,7 +268,7 @@ class PipelinedVCDTrainer(VCDTrainer):
                     devices={"encoder": pipeline.device(0), "decoder": pipeline.device(1)} if pipeline.devices else None)
         super().__init__(model, config, slot_device=pipeline.slot_device)
         self.pipeline = pipeline
-        self.run_chain = tf.function(self._run_chain, jit_compile=True) if jit_compile else self._run_chain
+        self.chain = tf.function(self.run_chain, jit_compile=True) if jit_compile else self.run_chain
         self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
         self.train_step = tf.function(self._train_step)
         self.timed_step_fn = tf.function(self._timed_train_step)
@@ -313,7 +313,7 @@ class PipelinedVCDTrainer(VCDTrainer):
                 state["z0", m] = z0
                 return [z0]
             if stage == 1:
-                chain = self.run_chain(x_m, state["z0", m], step_size, chain_seed)
+                chain = self.chain(x_m, state["z0", m], step_size, chain_seed)
                 state["chain", m] = chain
                 return [chain.final_state, chain.accept_rate, chain.step_size]
             zT = state["chain", m].final_state
@@ -392,14 +392,7 @@ class PipelinedVCDTrainer(VCDTrainer):
             tf.reduce_mean([state["chain", m].step_size for m in micro]))
         return estimate, tf.stack(times)
 
-    def _run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor):
-        """Stage 1's work: the HMC chain from z0 [b, D] on log p(x, .), x [b, 784]."""
-        hmc = self.config.hmc
-        return hmc_chain(lambda z: self.model.log_joint(x, z), z0, step_size, num_iterations=hmc.num_iterations,
-                         num_leapfrog_steps=hmc.num_leapfrog_steps, seed=seed,
-                         target_accept_rate=hmc.target_accept_rate, adaptation_rate=hmc.adaptation_rate)
-
-    def batch_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+    def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """The pipelined estimate; the tasks' timestamps are kept for ``timed_step``'s trace."""
         estimate, self._task_times = self.estimate_gradients_pipelined(x, baseline, seed)
         return estimate

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from vcd_helpers.config import Config
 from vcd_helpers.control_variates import ControlVariate
-from vcd_helpers.hmc import hmc_chain
+from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
@@ -93,27 +93,27 @@ class VCDTrainer(tf.Module):
         self.seed = tf.constant([config.seed, 2], tf.int32)
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
 
-    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor,
-                           step_size: tf.Tensor | None = None) -> VCDEstimate:
+    def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
+        """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings."""
+        hmc = self.config.hmc
+        return hmc_chain(lambda z: self.model.log_joint(x, z), z0, step_size, num_iterations=hmc.num_iterations,
+                         num_leapfrog_steps=hmc.num_leapfrog_steps, seed=seed,
+                         target_accept_rate=hmc.target_accept_rate, adaptation_rate=hmc.adaptation_rate)
+
+    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """One draw of the VCD gradient estimator, without changing any state.
 
-        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from
-        ``step_size`` (default: the persistent one). Chapter 4 calls this many times at fixed
-        parameters to measure the estimator's variance; gradient accumulation calls it once
-        per micro-batch.
+        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from the
+        persistent ``step_size``. Chapter 4 calls this many times at fixed parameters to measure
+        the estimator's variance; gradient accumulation calls it once per micro-batch.
         """
-        hmc = self.config.hmc
         groups = self.model.parameter_groups()
         noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         with tf.GradientTape(persistent=True) as tape:
             loc, scale = self.model.encoder(x)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
-                chain = hmc_chain(lambda z: self.model.log_joint(x, z), z0,
-                                  self.step_size if step_size is None else step_size,
-                                  num_iterations=hmc.num_iterations, num_leapfrog_steps=hmc.num_leapfrog_steps,
-                                  seed=chain_seed, target_accept_rate=hmc.target_accept_rate,
-                                  adaptation_rate=hmc.adaptation_rate)
+                chain = self.run_chain(x, z0, self.step_size, chain_seed)
             encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0,
                                                                  chain.final_state, baseline)
         encoder_groups = {name: groups[name] for name in ("encoder_mean", "encoder_scale")}
@@ -122,20 +122,19 @@ class VCDTrainer(tf.Module):
         del tape
         return VCDEstimate(gradients, encoder_loss, decoder_loss, g, chain.accept_rate, chain.step_size)
 
-    def batch_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
-        """The step's gradient estimate on the batch (index [B], x [B, 784], baseline [B]).
+    def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+        """The step's gradient estimate on the batch (x [B, 784], baseline [B]).
 
         Here the plain estimator; the pipelined and replicated trainers compute the same sum over
         micro-batches or replicas instead.
         """
-        del index
         return self.estimate_gradients(x, baseline, seed)
 
     def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
         """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
         baseline = self.control_variate.values(index, self.step)  # from before this step's update
         seed = tf.random.experimental.stateless_fold_in(self.seed, self.step)
-        estimate = self.batch_estimate(index, x, baseline, seed)
+        estimate = self.batch_estimate(x, baseline, seed)
         for name, optimizer in self.optimizers.items():
             optimizer.apply_gradients(estimate.gradients[name], self.step)
         self.control_variate.update(index, estimate.g, self.step)
