@@ -58,7 +58,7 @@ def test_bad_steps_per_call_is_a_clear_error():
 
 
 def test_step_flops_of_the_default_config_is_about_4_gflop():
-    # 41 gradient evaluations of the decoder dominate: 3.7 GFLOP at batch 100.
+    # 41 gradient evaluations of the decoder dominate: 3.6 GFLOP at batch 100.
     flops = bench.step_flops(load_config("default"))
     assert 3.5e9 < flops < 4.0e9
     assert bench.step_flops(load_config("default", batch_size=200)) == pytest.approx(2 * flops)
@@ -74,3 +74,12 @@ def test_timing_styles_run(style):
 def test_unknown_style_is_refused():
     with pytest.raises(ValueError, match="style='fast' is invalid"):
         bench.time_training_step(CONFIG, "fast")
+
+
+def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape():
+    assert bench.matmul_gflops(16, 32, 64, repeats=1) > 0
+    row = bench.BenchmarkRow("default", 100, ms_per_step=50.0, examples_per_second=2000.0,
+                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0)
+    table = bench.format_benchmark([row], matmul_rate=150.0).splitlines()
+    assert "shape GFLOP/s" in table[1] and "bound ms" in table[1]
+    assert table[2].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "90", "40.0"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 from vcd_helpers.config import ControlVariateConfig, load_config
 from vcd_helpers.control_variates import ControlVariate
+from vcd_helpers.hmc import HMCResult, value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood
 from vcd_helpers.objectives import vcd_surrogate_losses
 from vcd_helpers.training import VCDTrainer
@@ -17,6 +19,13 @@ def _batch(n=6, seed=0):
     return tf.cast(tf.random.stateless_uniform([n, 784], seed=[seed, 1]) < 0.2, tf.float32)
 
 
+def _chain_ending_at(model, x, z0, zT):
+    """An HMCResult from z0 to a given zT, with the chain's first evaluation at z0."""
+    log_joint_z0, grad_z0 = value_and_gradient(lambda z: model.log_joint(x, z), tf.stop_gradient(z0))
+    return HMCResult(final_state=zT, final_log_prob=model.log_joint(x, zT), step_size=tf.constant(0.05),
+                     accept_rate=tf.constant(1.0), trace=None, initial_log_prob=log_joint_z0, initial_gradient=grad_z0)
+
+
 def test_decoder_loss_gradient_is_the_likelihood_at_zT():
     model = VAE(seed=0)
     x = _batch()
@@ -24,11 +33,36 @@ def test_decoder_loss_gradient_is_the_likelihood_at_zT():
     with tf.GradientTape(persistent=True) as tape:
         loc, scale = model.encoder(x)
         z0 = loc + scale * tf.random.stateless_normal([6, 10], seed=[2, 2])
-        _, decoder_loss, _ = vcd_surrogate_losses(model, x, loc, scale, z0, zT, tf.zeros([6]))
+        _, decoder_loss, _ = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  tf.zeros([6]))
         reference = -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))
     for a, b in zip(tape.gradient(decoder_loss, model.decoder.trainable_variables),
                     tape.gradient(reference, model.decoder.trainable_variables)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_loss_equals_the_formula_differentiated_through_the_decoder():
+    # The pathwise term reuses the chain's gradient at z0; it must equal autodiff of
+    # -log p(x, z0) through the decoder, and the loss's value must equal the formula's.
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    eps = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    baseline = tf.fill([6], -300.0)
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * eps
+        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  baseline)
+        quadratic = 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), -1)
+        g_formula = tf.stop_gradient(model.log_joint(x, zT)) + quadratic
+        log_q0 = tfp.distributions.Independent(tfp.distributions.Normal(loc, scale), 1).log_prob(tf.stop_gradient(z0))
+        formula = tf.reduce_sum(-model.log_joint(x, z0) + g_formula + tf.stop_gradient(g_formula - baseline) * log_q0)
+    np.testing.assert_allclose(float(encoder_loss), float(formula), rtol=1e-6)
+    np.testing.assert_allclose(g, g_formula, rtol=1e-6)
+    variables = model.encoder.trainable_variables
+    for a, b in zip(tape.gradient(encoder_loss, variables), tape.gradient(formula, variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
 
 
 def test_score_term_vanishes_when_the_baseline_equals_g():
@@ -40,8 +74,9 @@ def test_score_term_vanishes_when_the_baseline_equals_g():
     with tf.GradientTape(persistent=True) as tape:
         loc, scale = model.encoder(x)
         z0 = loc + scale * eps
-        _, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, zT, tf.zeros([6]))
-        encoder_loss, _, _ = vcd_surrogate_losses(model, x, loc, scale, z0, zT, g)
+        chain = _chain_ending_at(model, x, z0, zT)
+        _, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, chain, tf.zeros([6]))
+        encoder_loss, _, _ = vcd_surrogate_losses(model, x, loc, scale, z0, chain, g)
         no_score = tf.reduce_sum(-model.log_joint(x, z0) + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), -1))
     variables = model.encoder.trainable_variables
     for a, b in zip(tape.gradient(encoder_loss, variables), tape.gradient(no_score, variables)):
@@ -57,7 +92,8 @@ def test_score_term_gradient_wrt_the_mean_is_analytic():
     z0 = tf.random.stateless_normal([3, 10], seed=[3, 3])
     zT = loc + 0.0  # quadratic term's gradient at zT = mu is zero
     with tf.GradientTape() as tape:
-        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, tf.stop_gradient(zT), tf.zeros([3]))
+        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  tf.zeros([3]))
         pathwise = -tf.reduce_sum(model.log_joint(x, z0))
         score_only = encoder_loss - pathwise - tf.reduce_sum(g)
     expected = g[:, None] * (z0 - loc) / 0.25

@@ -43,13 +43,17 @@ class HMCTrace(NamedTuple):
 
 class HMCResult(NamedTuple):
     """final_state [B, D]; final_log_prob [B]; step_size: the adapted scalar after the last
-    iteration; accept_rate: mean acceptance over chains and iterations; trace: HMCTrace or None."""
+    iteration; accept_rate: mean acceptance over chains and iterations; trace: HMCTrace or None;
+    initial_log_prob [B] and initial_gradient [B, D]: the target and its gradient at the initial
+    state, which the chain evaluates anyway (VCD reuses them instead of evaluating them again)."""
 
     final_state: tf.Tensor
     final_log_prob: tf.Tensor
     step_size: tf.Tensor
     accept_rate: tf.Tensor
     trace: HMCTrace | None
+    initial_log_prob: tf.Tensor
+    initial_gradient: tf.Tensor
 
 
 def value_and_gradient(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -70,21 +74,22 @@ def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf
 
     Returns (state, momentum, log_prob, gradient) at the end of the trajectory; exactly
     ``num_steps`` gradient evaluations. Shapes: state, momentum, gradient [B, D]; log_prob [B].
+
+    Only the end point's log density enters the Metropolis test, so the steps inside the
+    trajectory use the gradient alone, and the compiled graph drops their log-density values
+    (for the VAE, a softplus over all 784 pixels at every inner step).
     """
     momentum = momentum + 0.5 * step_size * gradient
 
-    def body(k, z, p, _, __):
+    def inner_step(k, z, p):  # a position step and a full momentum step
         z = z + step_size * p
-        log_prob, grad = value_and_gradient(target_log_prob_fn, z)
-        # Full momentum steps inside the trajectory, a closing half step at its end.
-        weight = tf.where(k == num_steps - 1, tf.constant(0.5, z.dtype), tf.constant(1.0, z.dtype))
-        return k + 1, z, p + weight * step_size * grad, log_prob, grad
+        return k + 1, z, p + step_size * value_and_gradient(target_log_prob_fn, z)[1]
 
-    batch = tf.shape(state)[0]
-    _, state, momentum, log_prob, gradient = tf.while_loop(
-        lambda k, *_: k < num_steps, body,
-        (tf.constant(0), state, momentum, tf.zeros([batch], state.dtype), gradient))
-    return state, momentum, log_prob, gradient
+    _, state, momentum = tf.while_loop(lambda k, *_: k < num_steps - 1, inner_step,
+                                       (tf.constant(0), state, momentum))
+    state = state + step_size * momentum
+    log_prob, gradient = value_and_gradient(target_log_prob_fn, state)
+    return state, momentum + 0.5 * step_size * gradient, log_prob, gradient
 
 
 def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, step_size: float | tf.Tensor, *,
@@ -116,7 +121,7 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
     dtype = state.dtype
     step_size = tf.stop_gradient(tf.cast(step_size, dtype))
     iteration_seeds = tf.random.experimental.stateless_split(as_seed(seed), num=num_iterations)
-    log_prob, gradient = value_and_gradient(target_log_prob_fn, state)
+    initial_log_prob, initial_gradient = value_and_gradient(target_log_prob_fn, state)
 
     def kinetic(p):
         return 0.5 * tf.reduce_sum(tf.square(p), axis=-1)
@@ -145,7 +150,8 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
     traces = tuple(tf.TensorArray(dtype, size=num_iterations) for _ in range(4)) if return_trace else ()
     _, state, log_prob, _, step_size, accept_sum, traces = tf.while_loop(
         lambda i, *_: i < num_iterations, body,
-        (tf.constant(0), state, log_prob, gradient, step_size, tf.constant(0.0, dtype), traces))
+        (tf.constant(0), state, initial_log_prob, initial_gradient, step_size, tf.constant(0.0, dtype), traces))
     trace = HMCTrace(*(t.stack() for t in traces)) if return_trace else None
     return HMCResult(final_state=state, final_log_prob=log_prob, step_size=step_size,
-                     accept_rate=accept_sum / num_iterations, trace=trace)
+                     accept_rate=accept_sum / num_iterations, trace=trace, initial_log_prob=initial_log_prob,
+                     initial_gradient=initial_gradient)

@@ -6,7 +6,8 @@ The three stages, each on its own device (``PipelineConfig.devices``):
     stage 0 "encoder"  forward: x -> loc, scale, z0 = loc + scale * eps
                        backward: the encoder's gradients, from the messages of stages 1 and 2
     stage 1 "hmc"      forward: the HMC chain z0 -> zT on the decoder's log joint
-                       backward: log p(x, z0) and its gradient with respect to z0
+                       backward: sends log p(x, z0) and its gradient with respect to z0 (the
+                       chain's first evaluation) to the encoder
     stage 2 "decoder"  forward: log p(x | zT) under a tape
                        backward: the decoder's gradients, and log p(x, zT) for the encoder's g
 
@@ -14,9 +15,9 @@ The encoder's variables live on stage 0's device; the decoder's on stage 1's, wh
 evaluates the decoder 41 times per micro-batch (and XLA requires its variables on its device);
 stage 2 reads them once per micro-batch.
 
-This is the maths of ``objectives.vcd_surrogate_losses`` cut at the stage boundaries: the
-encoder's pathwise term -log p(x, z0) enters stage 0 as the vector grad_z0 that stage 1 sends
-back (d/dtheta of -log p(x, z0(theta)) is -grad_z0 . dz0/dtheta). ``accumulate_gradients`` is the
+This is the maths of ``objectives.vcd_surrogate_losses`` cut at the stage boundaries: stage 0
+computes ``objectives.encoder_surrogate_loss`` from the messages, the pathwise term entering as
+the vector grad_z0 that stage 1 sends back. ``accumulate_gradients`` is the
 unpipelined reference: the plain estimator (``VCDTrainer.estimate_gradients``) on each
 micro-batch, summed. The tests hold the two equal for every schedule.
 
@@ -40,9 +41,8 @@ import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import Config
-from vcd_helpers.hmc import value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
-from vcd_helpers.objectives import posterior_distribution
+from vcd_helpers.objectives import encoder_surrogate_loss
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
 SCHEDULES = ("sequential", "grouped", "interleaved")
@@ -337,8 +337,9 @@ class PipelinedVCDTrainer(VCDTrainer):
                 state["decoder_out", m] = (gradients, decoder_loss)
                 state["log_joint_zT", m] = log_joint_zT
                 return [decoder_loss, log_joint_zT, *gradients]
-            if stage == 1:
-                log_joint_z0, grad_z0 = value_and_gradient(lambda z: model.log_joint(x_m, z), state["z0", m])
+            if stage == 1:  # the chain's first evaluation, sent on to the encoder
+                chain = state["chain", m]
+                log_joint_z0, grad_z0 = tf.identity(chain.initial_log_prob), tf.identity(chain.initial_gradient)
                 state["z0_message", m] = (log_joint_z0, grad_z0)
                 return [log_joint_z0, grad_z0]
             tape, loc, scale, eps = state["encoder", m]
@@ -348,16 +349,11 @@ class PipelinedVCDTrainer(VCDTrainer):
             baseline_m = baseline[m * b:(m + 1) * b]
             with tf.GradientTape() as head:
                 head.watch([loc, scale])
-                z0 = loc + scale * eps
-                g = log_joint_zT + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), axis=-1)
-                log_q0 = posterior_distribution(loc, scale).log_prob(tf.stop_gradient(z0))
-                score = tf.stop_gradient(g - baseline_m) * log_q0
-                # -grad_z0 . z0 has the gradient of -log p(x, z0) through z0; its value is not the loss.
-                objective = tf.reduce_sum(-tf.reduce_sum(grad_z0 * z0, axis=-1) + g + score)
-            d_loc, d_scale = head.gradient(objective, [loc, scale])
+                encoder_loss, g = encoder_surrogate_loss(loc, scale, loc + scale * eps, zT, log_joint_z0, grad_z0,
+                                                         log_joint_zT, baseline_m)
+            d_loc, d_scale = head.gradient(encoder_loss, [loc, scale])
             gradients = tape.gradient([loc, scale], encoder_variables, output_gradients=[d_loc, d_scale])
-            encoder_loss = tf.reduce_sum(-log_joint_z0 + g + score)
-            state["encoder_out", m] = (gradients, encoder_loss, tf.stop_gradient(g))
+            state["encoder_out", m] = (gradients, encoder_loss, g)
             return [encoder_loss, *gradients]
 
         times = []

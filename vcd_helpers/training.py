@@ -114,8 +114,7 @@ class VCDTrainer(tf.Module):
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
                 chain = self.run_chain(x, z0, self.step_size, chain_seed)
-            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0,
-                                                                 chain.final_state, baseline)
+            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline)
         encoder_groups = {name: groups[name] for name in ("encoder_mean", "encoder_scale")}
         gradients = tape.gradient(encoder_loss, encoder_groups)
         gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
