@@ -87,7 +87,7 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path)
     recomputed = evaluate_run(tmp_path / "run")
     assert recomputed["checkpoint_step"] == 20
     assert recomputed["mean"] == pytest.approx(results["test_log_likelihood"]["mean"], abs=1e-4)
-    assert (tmp_path / "run" / "evaluation.json").exists()
+    assert (tmp_path / "run" / "evaluation-hmc_moments-S50-N20.json").exists()
     # A finished run is not trained again: the same command returns the stored results.
     assert train_run(config, tmp_path / "run", progress=False) == results
 

@@ -1,76 +1,322 @@
-"""Run the experiments of chapter 7 with the training command, a few at a time.
+"""The long runs behind chapter 7: the whole plan, run in priority order, resumed after any stop.
 
-    .venv/bin/python tools/run_experiments.py --jobs 2            # everything, two runs at once
-    .venv/bin/python tools/run_experiments.py --only bs512 bs1024  # some of them
+    .venv/bin/python tools/run_experiments.py             # start, or resume, every unfinished run
+    .venv/bin/python tools/run_experiments.py --status    # each run's progress, speed, expected finish
+    .venv/bin/python tools/run_experiments.py --collect   # copy finished runs' small files into results/
 
-Each experiment is one ``python -m vcd_helpers train`` command writing into results/NAME/.
-Interrupted runs resume from their checkpoints when this is run again; finished runs are
-skipped (the training command returns their stored results). The exact command of each run is
-recorded in its results.json; this file is the list of them.
+Every run is one ``python -m vcd_helpers train`` command (its options are in PLAN below) writing
+into RUNS/runs/NAME, outside the repository (RUNS: ``--runs-dir``, ``$VCD_RUNS_DIR`` or
+``~/vcd-runs``); runs 1-3 are then evaluated with the two other proposals (``python -m
+vcd_helpers evaluate``). Started again after any stop (even ``kill -9`` of everything), the runner
+gives each unfinished run its original command, which resumes it exactly from its last checkpoint;
+finished work is skipped. It runs under ``nice`` and runs ``--jobs`` runs at once, each on an
+equal share of the cores.
 
-Scale: EPOCHS epochs per run on a 2-core CPU (the sweep: SWEEP_EPOCHS), evaluated on the first
-2,000 test images (the sweep: 1,000 validation images) with 1,000 importance samples each; the
-paper: 800 epochs, all 10,000 test images, 20,000 samples.
+The code a run uses is a snapshot of the repository's last commit (``git archive HEAD`` into
+RUNS/code/COMMIT), so edits to the work tree never reach a run; a runner started after a new
+commit resumes the runs with the new code, and each run's launches.jsonl records which commit
+trained which steps. When a run is done its small files (config, metrics, learning curve,
+results, per-image estimates, launches; for runs 1-3 the final weights) are copied into
+results/NAME for committing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vcd_helpers.config import PROPOSALS, Config  # noqa: E402  (the work tree's package: the plan and paths)
+from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
+from vcd_helpers.runs import RunDirectory, evaluation_file_name  # noqa: E402
+
 RESULTS = ROOT / "results"
-EPOCHS = 12
-SWEEP_EPOCHS = 4
-EVAL = ["--eval-examples", "2000", "--eval-samples", "1000"]
-SWEEP_EVAL = ["--eval-examples", "1000", "--eval-samples", "1000"]
-
-EXPERIMENTS: dict[str, list[str]] = {
-    # Claim 2: local (the paper's schedule) versus global control variates, batch 100.
-    "vcd_scheduled_bs100": ["--config", "default", "--epochs", str(EPOCHS), *EVAL],
-    "vcd_global_bs100": ["--config", "global_cv", "--epochs", str(EPOCHS), *EVAL],
-    # The plain VAE on the same budget, for reference.
-    "vae_bs100": ["--config", "default", "--method", "vae", "--epochs", str(EPOCHS), *EVAL],
-    # Claim 3: batch sizes at their tuned learning rates, global control variate.
-    **{f"bs{b}": ["--config", "bs_experiment", "--batch-size", str(b), "--epochs", str(EPOCHS), *EVAL]
-       for b in (16, 128, 512, 1024)},
-    # A second seed of the two control-variate runs.
-    "vcd_scheduled_bs100_seed1": ["--config", "default", "--epochs", str(EPOCHS), "--seed", "1", *EVAL],
-    "vcd_global_bs100_seed1": ["--config", "global_cv", "--epochs", str(EPOCHS), "--seed", "1", *EVAL],
-    # How the tuned table was found: a learning-rate sweep at batch 128 on the validation split.
-    **{f"lr_sweep_bs128_lr{lr}": ["--config", "bs_experiment", "--batch-size", "128", "--learning-rate", lr,
-                                  "--epochs", str(SWEEP_EPOCHS), "--eval-split", "valid", *SWEEP_EVAL]
-       for lr in ("3e-4", "9e-4", "2.7e-3")},
-}
+CURVE = ("--curve-every-epochs", "25")
+SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
+               "per_example_log_likelihood.npy")
 
 
-def run(name: str) -> tuple[str, int, float]:
-    start = time.time()
-    command = [sys.executable, "-m", "vcd_helpers", "train", "--results", f"results/{name}", "--quiet",
-               *EXPERIMENTS[name]]
-    log = RESULTS / f"{name}.log"
-    RESULTS.mkdir(exist_ok=True)
-    with open(log, "a") as out:
-        code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
-    return name, code, time.time() - start
+@dataclass(frozen=True)
+class Run:
+    """One planned run: its name (directory), the train command's options, and whether it also
+    gets the other two proposals' evaluations and commits its final weights (runs 1-3)."""
+
+    name: str
+    options: tuple[str, ...]
+    headline: bool = False
+
+    @property
+    def extra_proposals(self) -> tuple[str, ...]:
+        return tuple(p for p in PROPOSALS if p != "hmc_moments") if self.headline else ()
+
+
+def _plan() -> list[Run]:
+    runs = [
+        # 1-3: the paper's length, 800 epochs (400,000 steps at batch 100).
+        Run("vcd_scheduled_e800_s0", ("--config", "default", "--epochs", "800", *CURVE), headline=True),
+        Run("vae_e800_s0", ("--config", "default", "--method", "vae", "--epochs", "800", *CURVE), headline=True),
+        Run("vcd_global_e800_s0", ("--config", "global_cv", "--epochs", "800", *CURVE), headline=True),
+    ]
+    # 4: 100 epochs, three seeds, for error bars and paired per-image differences.
+    kinds = {"vcd_scheduled": ("--config", "default"), "vcd_global": ("--config", "global_cv"),
+             "vcd_local": ("--config", "default", "--control-variate", "local"),
+             "vae": ("--config", "default", "--method", "vae")}
+    for seed in (0, 1, 2):
+        runs += [Run(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
+                 for kind, options in kinds.items()]
+    # 5: the blog's batch-size study at 100 epochs (global baseline, tuned learning rates), its
+    # decay timescale (307 epochs in 8,200) scaled to the length: 30 epochs x 100 / 800.
+    runs += [Run(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",
+                                 "--lr-decay-epochs", "3.75", *CURVE))
+             for b in (16, 100, 128, 512, 1024)]
+    return runs
+
+
+PLAN = _plan()
+
+
+def runs_dir(arg: str | None) -> Path:
+    return Path(arg or os.environ.get("VCD_RUNS_DIR") or Path.home() / "vcd-runs").expanduser()
+
+
+# ------------------------------------------------------------------------------------ state
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _missing_evaluations(run: Run, directory: Path) -> list[str]:
+    evaluation = RunDirectory(directory).stored_config().evaluation
+    return [p for p in run.extra_proposals
+            if not (directory / evaluation_file_name(dataclasses.replace(evaluation, proposal=p))).exists()]
+
+
+def _is_done(run: Run, directory: Path) -> bool:
+    return _read_json(directory / "results.json") is not None and not _missing_evaluations(run, directory)
+
+
+def _tail_rows(path: Path, n: int) -> list[list[str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    return [line.split(",") for line in lines[1:] if line.strip()][-n:]
+
+
+# ------------------------------------------------------------------------------------ running
+
+def snapshot(root: Path) -> tuple[str, Path]:
+    """The repository's HEAD exported to root/code/COMMIT (once), with a COMMIT file."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    code = root / "code" / commit
+    if not (code / COMMIT_FILE).exists():
+        partial = code.with_name(commit + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
+        (partial / COMMIT_FILE).write_text(commit + "\n")
+        shutil.rmtree(code, ignore_errors=True)
+        partial.rename(code)
+    return commit, code
+
+
+def collect(run: Run, directory: Path) -> Path:
+    """Copy a finished run's small files (and, for runs 1-3, its final weights) into results/."""
+    target = RESULTS / run.name
+    target.mkdir(parents=True, exist_ok=True)
+    names = [*SMALL_FILES, *(p.name for p in directory.glob("evaluation-*"))]
+    for name in names:
+        if (directory / name).exists():
+            shutil.copy2(directory / name, target / name)
+    if run.headline:
+        shutil.copytree(directory / "model", target / "model", dirs_exist_ok=True)
+    return target
+
+
+class Runner:
+    def __init__(self, root: Path, code: Path, jobs: int, log):
+        self.root, self.code, self.jobs, self.log = root, code, jobs, log
+        self.processes: set[subprocess.Popen] = set()
+        self.stopping = False
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        # Each job gets its share of the cores: two single-threaded runs keep two cores busier
+        # than two runs that each try to use both.
+        self.env = os.environ | {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
+                                 "TF_CPP_MIN_LOG_LEVEL": "3"}
+        self.env.pop("PYTHONPATH", None)
+
+    def _call(self, name: str, argv: list[str]) -> int:
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        with open(logs / f"{name}.log", "a") as out:
+            out.write(f"\n[{datetime.now():%Y-%m-%d %H:%M:%S}] {' '.join(argv)}\n")
+            out.flush()
+            process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", *argv], cwd=self.code, env=self.env,
+                                       stdout=out, stderr=subprocess.STDOUT)
+            self.processes.add(process)
+            code = process.wait()
+            self.processes.discard(process)
+        return code
+
+    def work(self, run: Run) -> str:
+        directory = self.root / "runs" / run.name
+        if self.stopping:
+            return "not started"
+        code = self._call(run.name, ["train", "--results", str(directory), "--quiet", *run.options])
+        if code:
+            return f"train exited {code} (see logs/{run.name}.log)"
+        for proposal in _missing_evaluations(run, directory):
+            if self.stopping:
+                return "stopped"
+            code = self._call(run.name, ["evaluate", str(directory), "--proposal", proposal])
+            if code:
+                return f"evaluate --proposal {proposal} exited {code}"
+        collect(run, directory)
+        return "done; small files in " + str((RESULTS / run.name).relative_to(ROOT))
+
+    def run(self, plan: list[Run]) -> int:
+        pending = [run for run in plan if not _is_done(run, self.root / "runs" / run.name)]
+        self.log(f"{len(plan) - len(pending)} of {len(plan)} runs done; {len(pending)} to go, {self.jobs} at a time")
+        failures = 0
+        lock = threading.Lock()
+
+        def worker() -> None:
+            nonlocal failures
+            while True:
+                with lock:
+                    if not pending or self.stopping:
+                        return
+                    run = pending.pop(0)
+                self.log(f"{run.name}: started")
+                outcome = self.work(run)
+                with lock:
+                    failures += not outcome.startswith(("done", "not started", "stopped"))
+                self.log(f"{run.name}: {outcome}")
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(self.jobs)]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            time.sleep(1)
+        return 1 if failures else 0
+
+    def stop(self, *_: object) -> None:
+        self.stopping = True
+        for process in list(self.processes):
+            process.terminate()  # the run resumes from its last checkpoint next time
+
+
+@contextlib.contextmanager
+def runner_lock(root: Path):
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "runner.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            sys.exit(f"another runner holds {root} ({f.read().strip()}); --status shows what it is doing")
+        f.truncate(0)
+        f.write(f"process {os.getpid()}, started {datetime.now():%Y-%m-%d %H:%M}\n")
+        f.flush()
+        yield
+
+
+# ------------------------------------------------------------------------------------ status
+
+def _format_duration(seconds: float) -> str:
+    hours, minutes = divmod(int(seconds) // 60, 60)
+    return f"{hours}h{minutes:02d}" if hours else f"{minutes}m"
+
+
+def status(root: Path) -> str:
+    """One line per planned run: state, progress, recent speed, curve, expected finish."""
+    lines = [f"runs in {root / 'runs'}; CPU {cpu_model()}",
+             f"{'run':<24} {'state':<10} {'epoch':>11} {'ms/step':>8} {'curve LL':>9} {'left':>6}  finish"]
+    for run in PLAN:
+        directory = root / "runs" / run.name
+        config_path = directory / "config.json"
+        results = _read_json(directory / "results.json")
+        holder = RunDirectory(directory).holder()
+        if not config_path.exists():
+            lines.append(f"{run.name:<24} {'pending':<10}")
+            continue
+        config = Config.from_dict(json.loads(config_path.read_text()))
+        rows = _tail_rows(directory / "metrics.csv", 6)
+        step = int(rows[-1][0]) if rows else 0
+        ms = (sorted(1000 * (float(b[1]) - float(a[1])) / (int(b[0]) - int(a[0])) for a, b in zip(rows, rows[1:]))
+              if len(rows) > 1 else [])
+        ms_per_step = ms[len(ms) // 2] if ms else float("nan")
+        curve = _tail_rows(directory / "learning_curve.csv", 1)
+        curve_ll = f"{float(curve[-1][3]):.2f}" if curve else "-"
+        epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"
+        if _is_done(run, directory):
+            state, left = "done", 0.0
+        else:
+            state = ("evaluating" if results else "training") if holder else ("stopped" if step else "starting")
+            curve_left = ((config.num_steps - step) // config.curve_every_steps * float(curve[-1][8])
+                          if curve and config.curve_every_steps else 0.0)
+            left = (config.num_steps - step) * ms_per_step / 1000 + curve_left if ms else float("nan")
+        finish = (f"{datetime.now() + timedelta(seconds=left):%a %H:%M}" if holder and left == left else "")
+        left_text = "" if left != left else _format_duration(left)
+        ms_text = f"{ms_per_step:.1f}" if ms else "-"
+        lines.append(f"{run.name:<24} {state:<10} {epoch:>11} {ms_text:>8} {curve_ll:>9} {left_text:>6}  {finish}")
+    lines.append("left/finish: training and curve evaluations still to run at the recent speed (the final "
+                 "evaluations come on top)")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once (XLA's step uses about one core)")
-    parser.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), help="run only these")
+    parser.add_argument("--runs-dir", help="where the runs live (default $VCD_RUNS_DIR or ~/vcd-runs)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: one per core)")
+    parser.add_argument("--only", nargs="+", choices=[run.name for run in PLAN], help="run only these")
+    parser.add_argument("--status", action="store_true", help="print where every run stands, and exit")
+    parser.add_argument("--collect", action="store_true", help="copy finished runs into results/, and exit")
     args = parser.parse_args()
-    names = args.only or list(EXPERIMENTS)
-    failed = 0
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for name, code, seconds in pool.map(run, names):
-            print(f"{name}: {'ok' if code == 0 else f'exit {code}'} in {seconds / 60:.1f} min", flush=True)
-            failed += code != 0
-    return 1 if failed else 0
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs} is invalid: must be a positive integer")
+    root = runs_dir(args.runs_dir)
+    if args.status:
+        print(status(root))
+        return 0
+    if args.collect:
+        for run in PLAN:
+            if _is_done(run, root / "runs" / run.name):
+                print(f"{run.name} -> {collect(run, root / 'runs' / run.name).relative_to(ROOT)}")
+        return 0
+
+    def log(message: str) -> None:
+        print(f"[{datetime.now():%Y-%m-%d %H:%M:%S}] {message}", flush=True)
+
+    with runner_lock(root):
+        os.nice(10)  # the runs yield to interactive work on the same cores
+        commit, code = snapshot(root)
+        log(f"code: commit {commit[:12]} (snapshot {code})")
+        runner = Runner(root, code, args.jobs, log)
+        signal.signal(signal.SIGTERM, runner.stop)
+        signal.signal(signal.SIGINT, runner.stop)
+        plan = [run for run in PLAN if not args.only or run.name in args.only]
+        return runner.run(plan)
 
 
 if __name__ == "__main__":

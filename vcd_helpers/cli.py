@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     length.add_argument("--epochs", type=float)
     length.add_argument("--steps", type=int)
     train.add_argument("--seed", type=int)
+    train.add_argument("--lr-decay-epochs", type=float,
+                       help="epochs per learning-rate decay by 0.9 (the paper: 30 in an 800-epoch run)")
+    train.add_argument("--curve-every-epochs", type=float,
+                       help="evaluate a fixed test subset every N epochs while training (learning_curve.csv)")
     train.add_argument("--control-variate", choices=CONTROL_VARIATE_KINDS)
     train.add_argument("--profile", choices=list(PROFILES),
                        help="size the run by a run profile: its training steps and evaluation")
@@ -65,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
     evaluate.add_argument("results", help="a results directory written by train")
+    evaluate.add_argument("--proposal", choices=PROPOSALS, help="default: the run's configured proposal")
+    evaluate.add_argument("--samples", type=int, help="importance samples per image (default: the run's)")
+    evaluate.add_argument("--examples", type=int, help="the first N images of the split (default: the run's)")
     return parser
 
 
@@ -84,6 +91,10 @@ def resolve_config(args: argparse.Namespace) -> Config:
     for option, key in (("method", "method"), ("batch_size", "batch_size"), ("seed", "seed")):
         if getattr(args, option) is not None:
             values[key] = getattr(args, option)
+    if args.curve_every_epochs is not None:
+        values["curve_every_epochs"] = args.curve_every_epochs
+    if args.lr_decay_epochs is not None:
+        values["optimizer"]["lr_decay_epochs"] = args.lr_decay_epochs
     if args.learning_rate is not None:
         values["optimizer"]["learning_rate"] = args.learning_rate
     elif args.batch_size is not None:
@@ -136,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             from vcd_helpers.runs import evaluate_run
 
-            print(json.dumps(evaluate_run(args.results), indent=2))
+            print(json.dumps(evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
+                                          num_examples=args.examples), indent=2))
     except FloatingPointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3

@@ -171,6 +171,14 @@ class EvaluationConfig:
         _positive_int("evaluation.batch_size", self.batch_size)
 
 
+#: The learning curve's evaluation while a run trains: the paper's proposal and HMC, on a fixed
+#: subset of 1,000 images with 2,000 samples each (the final evaluation uses all 10,000 and 20,000).
+CURVE_EVALUATION = EvaluationConfig(num_examples=1000, num_samples=2000)
+
+_SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
+             "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig, "curve": EvaluationConfig}
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one training run needs. Defaults are the paper's VCD run.
@@ -189,11 +197,13 @@ class Config:
     train_examples: int = NUM_TRAIN_EXAMPLES
     log_every_steps: int = 100
     checkpoint_every_steps: int = 2000
+    curve_every_epochs: float | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     hmc: HMCConfig = field(default_factory=HMCConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     control_variate: ControlVariateConfig = field(default_factory=ControlVariateConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    curve: EvaluationConfig = field(default_factory=lambda: CURVE_EVALUATION)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -226,8 +236,9 @@ class Config:
             # A resumed run then restarts on a logging-window boundary and writes the same rows.
             _fail("checkpoint_every_steps", self.checkpoint_every_steps,
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
-        for name, kind in (("model", ModelConfig), ("hmc", HMCConfig), ("optimizer", OptimizerConfig),
-                           ("control_variate", ControlVariateConfig), ("evaluation", EvaluationConfig)):
+        if self.curve_every_epochs is not None:
+            _positive_float("curve_every_epochs", self.curve_every_epochs)
+        for name, kind in _SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 _fail(name, getattr(self, name), f"must be a {kind.__name__}")
         if self.optimizer.learning_rate is None:
@@ -253,6 +264,16 @@ class Config:
         if self.steps is not None:
             return self.steps
         return max(1, round(self.epochs * self.steps_per_epoch))
+
+    @property
+    def curve_every_steps(self) -> int | None:
+        """Steps between the learning curve's evaluations (``None``: no curve): every
+        ``curve_every_epochs`` epochs, rounded to a whole number of logging windows so that each
+        evaluation falls where a host call of the training loop ends."""
+        if self.curve_every_epochs is None:
+            return None
+        windows = round(self.curve_every_epochs * self.steps_per_epoch / self.log_every_steps)
+        return max(1, windows) * self.log_every_steps
 
     @property
     def lr_decay_steps(self) -> int:
@@ -282,8 +303,6 @@ class Config:
         return Config.from_dict(_merge(self.to_dict(), overrides, prefix=""))
 
 
-_SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
-             "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig}
 
 
 def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Iterable
 
 import tensorflow as tf
@@ -30,7 +32,42 @@ def device_summary() -> dict[str, object]:
         "gpus": [d.name for d in physical if d.device_type == "GPU"],
         "cuda_build": bool(build.get("is_cuda_build", False)),
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0",
+        "cpu_model": cpu_model(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` shows it (timings are only comparable on one model)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+#: A file holding the commit of a source snapshot that has no .git (tools/run_experiments.py
+#: runs the long runs from such a snapshot, so that edits to the work tree never reach them).
+COMMIT_FILE = "COMMIT"
+
+
+def code_version() -> dict[str, object]:
+    """The git commit of the package's source and whether it had uncommitted changes:
+    ``{"commit": sha or None, "dirty": bool or None}`` (None: not known here)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / COMMIT_FILE).is_file():
+        return {"commit": (root / COMMIT_FILE).read_text().strip(), "dirty": False}
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    if head.returncode or status.returncode:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def package_versions(packages: Iterable[str]) -> dict[str, str]:

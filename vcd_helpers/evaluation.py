@@ -28,7 +28,7 @@ from vcd_helpers.config import EvaluationConfig, HMCConfig
 from vcd_helpers.hmc import hmc_chain
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import posterior_distribution
-from vcd_helpers.seeds import SeedLike, as_seed, split_seed
+from vcd_helpers.seeds import SeedLike, as_seed, fold_in, split_seed
 
 LogJointFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -120,12 +120,12 @@ class EvaluationResult(NamedTuple):
     num_samples: int
 
 
-def evaluate_log_likelihood(model: VAE, images: np.ndarray, evaluation: EvaluationConfig, hmc: HMCConfig, *,
-                            seed: SeedLike = 0) -> EvaluationResult:
-    """Importance-sampled log-likelihood of ``images`` ([N, 784]; the first
-    ``evaluation.num_examples`` when set), in batches of ``evaluation.batch_size`` examples."""
-    if evaluation.num_examples is not None:
-        images = images[: evaluation.num_examples]
+def make_evaluator(model: VAE, evaluation: EvaluationConfig,
+                   hmc: HMCConfig) -> Callable[[np.ndarray, SeedLike], EvaluationResult]:
+    """A function ``(images [N, 784], seed) -> EvaluationResult`` computing the importance-sampled
+    log-likelihood of the first ``evaluation.num_examples`` images (all when unset), in batches of
+    ``evaluation.batch_size``. Its graph is traced once, so a run that evaluates itself
+    periodically (the learning curve) does not trace and optimise it again each time."""
 
     @tf.function
     def estimate(x, batch_seed):
@@ -135,9 +135,21 @@ def evaluate_log_likelihood(model: VAE, images: np.ndarray, evaluation: Evaluati
                                                  num_samples=evaluation.num_samples,
                                                  chunk_size=evaluation.chunk_size, seed=sample_seed)
 
-    estimates = []
-    for k, start in enumerate(range(0, len(images), evaluation.batch_size)):
-        x = tf.constant(images[start: start + evaluation.batch_size], tf.float32)
-        estimates.append(estimate(x, tf.random.experimental.stateless_fold_in(as_seed(seed), k)).numpy())
-    per_example = np.concatenate(estimates)
-    return EvaluationResult(float(per_example.mean()), per_example, evaluation.proposal, evaluation.num_samples)
+    def evaluate(images: np.ndarray, seed: SeedLike = 0) -> EvaluationResult:
+        if evaluation.num_examples is not None:
+            images = images[: evaluation.num_examples]
+        estimates = []
+        for k, start in enumerate(range(0, len(images), evaluation.batch_size)):
+            x = tf.constant(images[start: start + evaluation.batch_size], tf.float32)
+            estimates.append(estimate(x, fold_in(seed, k)).numpy())
+        per_example = np.concatenate(estimates)
+        return EvaluationResult(float(per_example.mean()), per_example, evaluation.proposal, evaluation.num_samples)
+
+    return evaluate
+
+
+def evaluate_log_likelihood(model: VAE, images: np.ndarray, evaluation: EvaluationConfig, hmc: HMCConfig, *,
+                            seed: SeedLike = 0) -> EvaluationResult:
+    """Importance-sampled log-likelihood of ``images`` ([N, 784]; the first
+    ``evaluation.num_examples`` when set), in batches of ``evaluation.batch_size`` examples."""
+    return make_evaluator(model, evaluation, hmc)(images, seed)

@@ -6,8 +6,14 @@ Layout of a results directory ``DIR``:
     DIR/metrics.csv      one row per logging window: step, wall_time and the window's mean metrics
     DIR/tensorboard/     the same scalars for TensorBoard
     DIR/checkpoints/     tf.train checkpoints (the newest few)
+    DIR/learning_curve.csv  the periodic evaluation (``curve_every_epochs``): step, epoch, training
+                         seconds so far and the test log-likelihood on a fixed subset
+    DIR/launches.jsonl   one line per process that trained the run: time, start step, code commit, CPU
+    DIR/model/           the final weights alone (``restore_model`` loads them), a few MB
     DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
-    DIR/evaluation.json  written by ``evaluate_run`` (``python -m vcd_helpers evaluate DIR``)
+    DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
+    DIR/evaluation-*.json  written by ``evaluate_run`` (``python -m vcd_helpers evaluate DIR``)
+    DIR/.lock            held (flock) by the process training the run: a second one is refused
 
 A checkpoint holds everything a run needs to continue exactly: the weights, the optimisers'
 slots, the control variate, the adapted HMC step size, the step counter and the wall time so far.
@@ -20,13 +26,18 @@ interrupted. A directory holding a run with another configuration is refused.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
+import fcntl
+import io
 import json
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +46,26 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
-from vcd_helpers.devices import device_summary, package_versions
+from vcd_helpers.config import EvaluationConfig
+from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
-from vcd_helpers.evaluation import EvaluationResult, evaluate_log_likelihood
+from vcd_helpers.evaluation import EvaluationResult, make_evaluator
 from vcd_helpers.model import VAE
 from vcd_helpers.training import build_trainer, fit
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
 RESULTS_FILE = "results.json"
-EVALUATION_FILE = "evaluation.json"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
+CURVE_FILE = "learning_curve.csv"
+LAUNCHES_FILE = "launches.jsonl"
+MODEL_DIR = "model"
+MODEL_PREFIX = "weights"
+PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
+LOCK_FILE = ".lock"
+CURVE_COLUMNS = ["step", "epoch", "train_seconds", "log_likelihood", "standard_error", "num_examples",
+                 "num_samples", "proposal", "eval_seconds"]
 KEPT_CHECKPOINTS = 3
 VERSION_PACKAGES = ("tensorflow", "tensorflow-probability", "numpy", "vcd_helpers")
 
@@ -58,6 +77,27 @@ class RunDirectoryError(RuntimeError):
 def versions() -> dict[str, str]:
     """Python and the versions of the packages that decide a run's numbers."""
     return {"python": sys.version.split()[0]} | package_versions(VERSION_PACKAGES)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, fsync, then rename, so a
+    kill or a full disk never leaves a truncated file where a reader expects a complete one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
 
 
 def _differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
@@ -86,6 +126,44 @@ class RunDirectory:
     results_file = property(lambda self: self.path / RESULTS_FILE)
     checkpoint_dir = property(lambda self: self.path / CHECKPOINT_DIR)
     tensorboard_dir = property(lambda self: self.path / TENSORBOARD_DIR)
+    curve_file = property(lambda self: self.path / CURVE_FILE)
+    launches_file = property(lambda self: self.path / LAUNCHES_FILE)
+    model_prefix = property(lambda self: self.path / MODEL_DIR / MODEL_PREFIX)
+    lock_file = property(lambda self: self.path / LOCK_FILE)
+
+    @contextlib.contextmanager
+    def lock(self, holder: str):
+        """Hold the directory for this process (an flock, released by the kernel however the
+        process ends, so a killed run never blocks its own resume). Raises RunDirectoryError
+        naming the holder when another process has it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise RunDirectoryError(
+                    f"{self.path} is in use by {f.read().strip() or 'another process'}; wait for it to "
+                    "finish, or stop it (the same command resumes it)") from None
+            f.truncate(0)
+            f.write(f"process {os.getpid()}: {holder}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def holder(self) -> str | None:
+        """Who holds the directory's lock now (a description), or None when nobody does."""
+        if not self.lock_file.exists():
+            return None
+        with open(self.lock_file) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return f.read().strip() or "another process"
+            fcntl.flock(f, fcntl.LOCK_UN)
+        return None
 
     def stored_config(self) -> Config | None:
         if not self.config_file.exists():
@@ -100,12 +178,12 @@ class RunDirectory:
         """
         stored = self.stored_config()
         if stored is None:
-            if self.path.exists() and any(self.path.iterdir()):
+            if self.path.exists() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
                 raise RunDirectoryError(
                     f"{self.path} is not empty and holds no {CONFIG_FILE}: it is not a results "
                     "directory of this package; choose an empty or new directory")
             self.path.mkdir(parents=True, exist_ok=True)
-            self.config_file.write_text(config.to_json() + "\n")
+            write_atomic(self.config_file, config.to_json() + "\n")
             return
         differences = _differences(stored.to_dict(), config.to_dict())
         if differences:
@@ -115,13 +193,28 @@ class RunDirectory:
                 + ". Use a new --results directory, or the same options to resume that run.")
 
 
+def keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
+    """Drop the rows of a CSV file (first column: step) written after ``step``: a run resumed
+    from the checkpoint at ``step`` writes them again, identically."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0] != columns:
+        raise RunDirectoryError(f"{path} has columns {rows[0] if rows else []}, expected {columns}")
+    kept = [rows[0]] + [row for row in rows[1:] if int(row[0]) <= step]
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(kept)
+    write_atomic(path, buffer.getvalue())
+
+
 class MetricsLog:
     """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics."""
 
     def __init__(self, run: RunDirectory, names: list[str], resume_step: int):
         self.names = names
         self.columns = ["step", "wall_time", *names]
-        self._keep_rows_up_to(run.metrics_file, resume_step)
+        keep_rows_up_to(run.metrics_file, self.columns, resume_step)
         new_file = not run.metrics_file.exists()
         self.file = open(run.metrics_file, "a", newline="")
         self.writer = csv.writer(self.file)
@@ -129,18 +222,6 @@ class MetricsLog:
             self.writer.writerow(self.columns)
         self.summaries = tf.summary.create_file_writer(str(run.tensorboard_dir))
         self.window: dict[str, list[float]] = {name: [] for name in names}
-
-    def _keep_rows_up_to(self, path: Path, step: int) -> None:
-        # Rows written after the checkpoint we resume from are written again by the resumed run.
-        if not path.exists():
-            return
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        if not rows or rows[0] != self.columns:
-            raise RunDirectoryError(f"{path} has columns {rows[0] if rows else []}, expected {self.columns}")
-        kept = [rows[0]] + [row for row in rows[1:] if int(row[0]) <= step]
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows(kept)
 
     def add(self, metrics: dict[str, float]) -> None:
         for name in self.names:
@@ -161,6 +242,49 @@ class MetricsLog:
     def close(self) -> None:
         self.file.close()
         self.summaries.close()
+
+
+class LearningCurve:
+    """learning_curve.csv: the run evaluates itself every ``config.curve_every_steps`` steps with
+    ``config.curve`` (a fixed subset, a fixed seed), so the curve needs no stored checkpoints."""
+
+    def __init__(self, run: RunDirectory, config: Config, model: VAE, resume_step: int):
+        self.config = config
+        self.path = run.curve_file
+        keep_rows_up_to(self.path, CURVE_COLUMNS, resume_step)
+        if not self.path.exists():
+            write_atomic(self.path, ",".join(CURVE_COLUMNS) + "\r\n")
+        self.evaluate = make_evaluator(model, config.curve, config.hmc)
+        self.images = load_binarized_mnist(config.curve.split)
+
+    def due(self, step: int) -> bool:
+        return step % self.config.curve_every_steps == 0
+
+    def record(self, step: int, train_seconds: float) -> float:
+        """Evaluate now, as step ``step``, and append the row; returns the seconds it took."""
+        started = time.perf_counter()
+        record = _evaluation_record(self.evaluate(self.images, self.config.seed), self.config.curve)
+        seconds = time.perf_counter() - started
+        row = [step, f"{step / self.config.steps_per_epoch:.4f}", f"{train_seconds:.3f}", f"{record['mean']:.6f}",
+               record["standard_error"], record["num_examples"], record["num_samples"], record["proposal"],
+               f"{seconds:.2f}"]
+        with open(self.path, "a", newline="") as f:
+            csv.writer(f).writerow(row)
+        return seconds
+
+
+def _record_launch(run: RunDirectory, start_step: int, command: str) -> None:
+    """Append this process to launches.jsonl: which code and machine trained which steps."""
+    launch = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "start_step": start_step,
+              "pid": os.getpid(), "code": code_version(), "cpu_model": cpu_model(), "command": command}
+    with open(run.launches_file, "a") as f:
+        f.write(json.dumps(launch) + "\n")
+
+
+def read_launches(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """launches.jsonl of a results directory (empty when the run predates it)."""
+    path = Path(results_dir) / LAUNCHES_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def default_steps_per_call(config: Config) -> int:
@@ -189,10 +313,17 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
         raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
                          f"log_every_steps={config.log_every_steps}")
     run = RunDirectory(Path(results_dir))
-    run.claim(config)
-    if run.results_file.exists():
-        return json.loads(run.results_file.read_text())
+    with run.lock(command or "train_run"):
+        run.claim(config)
+        if run.results_file.exists():
+            return json.loads(run.results_file.read_text())
+        return _train(config, run, command=command, progress=progress, jit_compile=jit_compile,
+                      steps_per_call=steps_per_call, strategy=strategy)
 
+
+def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, jit_compile: bool,
+           steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
+    """``train_run`` on a claimed, locked directory."""
     if strategy is None:
         trainer = build_trainer(config, jit_compile=jit_compile)
     elif config.method != "vcd":
@@ -200,6 +331,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     else:
         trainer = ReplicatedVCDTrainer(config, strategy)
         jit_compile = False
+    # Seconds spent training, the learning curve's evaluations left out: the run's own clock.
     wall_time = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="wall_time")
     checkpoint = tf.train.Checkpoint(trainer=trainer, wall_time=wall_time)
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir, max_to_keep=KEPT_CHECKPOINTS)
@@ -209,21 +341,24 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     elapsed_before = float(wall_time.numpy())
     if progress and start_step:
         print(f"resuming {run.path} from step {start_step} of {config.num_steps}", flush=True)
+    _record_launch(run, start_step, command)
 
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)
     log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step)
+    curve = LearningCurve(run, config, trainer.model, start_step) if config.curve_every_steps else None
     started = time.perf_counter()
-    last_logged: dict[str, float] = {}
-    window_ends: list[tuple[int, float]] = [(start_step, elapsed_before)]
+    curve_seconds = 0.0  # this process's evaluations, kept off the training clock
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
-        nonlocal last_logged
+        nonlocal curve_seconds
         log.add(metrics)
-        now = elapsed_before + time.perf_counter() - started
+        now = elapsed_before + time.perf_counter() - started - curve_seconds
         if step % config.log_every_steps == 0 or step == config.num_steps:
-            last_logged = log.write(step, now)
-            window_ends.append((step, now))
+            log.write(step, now)
+        # Before the checkpoint: a run killed during the evaluation resumes before it and redoes it.
+        if curve is not None and curve.due(step):
+            curve_seconds += curve.record(step, now)
         if step % config.checkpoint_every_steps == 0 or step == config.num_steps:
             wall_time.assign(now)
             manager.save(checkpoint_number=step)
@@ -236,65 +371,91 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
         raise FloatingPointError(f"{error}. The run stopped; its last good checkpoint is {kept}") from None
     finally:
         log.close()
-    train_seconds = elapsed_before + time.perf_counter() - started
+    train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
+    tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
 
-    evaluation = _evaluate(trainer.model, config)
+    evaluation_started = time.perf_counter()
+    evaluation = _evaluate(trainer.model, config.evaluation, config)
+    evaluation_seconds = time.perf_counter() - evaluation_started
+    write_atomic(run.path / PER_EXAMPLE_FILE, _npy_bytes(evaluation.per_example.astype(np.float32)))
+    metrics = read_metrics(run.path)
+    launches = read_launches(run.path)
     results = {
         "name": config.name,
         "method": config.method,
         "steps": config.num_steps,
         "epochs": config.num_steps / config.steps_per_epoch,
         "batch_size": config.batch_size,
-        "final_metrics": last_logged,
-        "test_log_likelihood": _evaluation_record(evaluation, config),
+        "final_metrics": {name: float(values[-1]) for name, values in metrics.items()
+                          if name not in ("step", "wall_time")},
+        "test_log_likelihood": _evaluation_record(evaluation, config.evaluation),
         "train_seconds": round(train_seconds, 2),
         "examples_per_second": round(config.num_steps * config.batch_size / train_seconds, 1),
         "ms_per_step": round(1000 * train_seconds / config.num_steps, 2),
-        "steady_ms_per_step": _steady_ms_per_step(window_ends),
+        "steady_ms_per_step": _steady_ms_per_step(metrics),
+        "evaluation_seconds": round(evaluation_seconds, 2),
+        "curve_seconds": round(float(read_curve(run.path)["eval_seconds"].sum()), 2) if curve else 0.0,
         "data_source": data_source().source,
         "device": device_summary(),
         "versions": versions(),
+        "code": {"commits": list(dict.fromkeys(l["code"]["commit"] for l in launches)),
+                 "dirty": any(l["code"]["dirty"] for l in launches)},
         "jit_compile": jit_compile,
         "strategy": {"name": strategy_name(strategy), "replicas": strategy.num_replicas_in_sync if strategy else 1},
         "steps_per_call": steps_per_call,
         "command": command,
     }
-    run.results_file.write_text(json.dumps(results, indent=2) + "\n")
+    write_atomic(run.results_file, json.dumps(results, indent=2) + "\n")
     return results
 
 
-def _steady_ms_per_step(window_ends: list[tuple[int, float]]) -> float | None:
-    """Median ms per step over the logging windows of this process, leaving out its first
-    window (it holds the compilation); None when there are fewer than two windows."""
-    rates = [1000 * (t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(window_ends[1:], window_ends[2:])]
-    return round(float(np.median(rates)), 2) if rates else None
+def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:
+    """Median ms per step over the logging windows of metrics.csv (the median leaves out the
+    windows that hold a compilation); None when there are fewer than two rows."""
+    steps, seconds = metrics["step"], metrics["wall_time"]
+    rates = 1000 * np.diff(seconds) / np.diff(steps)
+    return round(float(np.median(rates)), 2) if len(rates) else None
 
 
-def _evaluate(model: VAE, config: Config) -> EvaluationResult:
-    images = load_binarized_mnist(config.evaluation.split)
-    return evaluate_log_likelihood(model, images, config.evaluation, config.hmc, seed=config.seed)
+def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> EvaluationResult:
+    images = load_binarized_mnist(evaluation.split)
+    return make_evaluator(model, evaluation, config.hmc)(images, config.seed)
 
 
-def _evaluation_record(result: EvaluationResult, config: Config) -> dict[str, Any]:
+def _evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -> dict[str, Any]:
     per_example = result.per_example
+    standard_error = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None
     return {
-        "split": config.evaluation.split,
+        "split": evaluation.split,
         "mean": result.mean_log_likelihood,
-        "standard_error": float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None,
+        # JSON has no Infinity: a diverged model's spread is recorded as unknown.
+        "standard_error": standard_error if standard_error is not None and math.isfinite(standard_error) else None,
         "num_examples": int(len(per_example)),
         "proposal": result.proposal,
         "num_samples": result.num_samples,
     }
 
 
-def read_metrics(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """metrics.csv of a results directory as {column: [rows] array} (step as int)."""
-    with open(Path(results_dir) / METRICS_FILE, newline="") as f:
+def _read_columns(path: Path, *, integers: tuple[str, ...] = ("step",),
+                  strings: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:
-        raise RunDirectoryError(f"{results_dir} has no logged metrics yet")
-    return {name: np.array([row[name] for row in rows], dtype=np.int64 if name == "step" else np.float64)
-            for name in rows[0]}
+        raise RunDirectoryError(f"{path} has no rows yet")
+    def kind(name: str) -> type:
+        return np.int64 if name in integers else (str if name in strings else np.float64)
+    return {name: np.array([row[name] for row in rows], dtype=kind(name)) for name in rows[0]}
+
+
+def read_metrics(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """metrics.csv of a results directory as {column: [rows] array} (step as int)."""
+    return _read_columns(Path(results_dir) / METRICS_FILE)
+
+
+def read_curve(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """learning_curve.csv of a results directory as {column: [rows] array}."""
+    return _read_columns(Path(results_dir) / CURVE_FILE, integers=("step", "num_examples", "num_samples"),
+                         strings=("proposal",))
 
 
 def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
@@ -306,22 +467,45 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
-    """The model of a results directory at its latest checkpoint: (model, config, step)."""
+    """The model of a results directory, alone: its final weights (``model/``) when the run
+    finished, else its latest checkpoint. Returns (model, config, step)."""
     run = RunDirectory(Path(results_dir))
     config = run.stored_config()
     if config is None:
         raise RunDirectoryError(f"{run.path} holds no {CONFIG_FILE}: not a results directory")
+    model = VAE(config.model, seed=config.seed)
+    if run.model_prefix.with_suffix(".index").exists():
+        tf.train.Checkpoint(model=model).read(str(run.model_prefix)).assert_existing_objects_matched()
+        return model, config, config.num_steps
     latest = tf.train.latest_checkpoint(run.checkpoint_dir)
     if latest is None:
         raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
-    trainer = build_trainer(config, jit_compile=False)
-    tf.train.Checkpoint(trainer=trainer).restore(latest).expect_partial()
-    return trainer.model, config, int(trainer.step.numpy())
+    step = tf.Variable(0, dtype=tf.int64)
+    # The trainer's model and step counter only, matched by name: no optimiser or control variate is built.
+    tf.train.Checkpoint(trainer=tf.train.Checkpoint(model=model, step=step)).restore(latest).expect_partial()
+    return model, config, int(step.numpy())
 
 
-def evaluate_run(results_dir: str | os.PathLike) -> dict[str, Any]:
-    """Recompute the configured log-likelihood from the latest checkpoint; writes evaluation.json."""
+def evaluation_file_name(evaluation: EvaluationConfig) -> str:
+    """evaluation-PROPOSAL-S{samples}-N{examples}.json: one file per protocol."""
+    examples = evaluation.num_examples or "all"
+    return f"evaluation-{evaluation.proposal}-S{evaluation.num_samples}-N{examples}.json"
+
+
+def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
+    """Recompute the log-likelihood of a run's model (``restore_model``) with its configured
+    evaluation, changed by ``overrides`` (fields of EvaluationConfig: proposal, num_samples,
+    num_examples, ...). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
+    every image beside it (.npy); returns the record."""
     model, config, step = restore_model(results_dir)
-    record = _evaluation_record(_evaluate(model, config), config) | {"checkpoint_step": step}
-    (Path(results_dir) / EVALUATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
+    evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
+    started = time.perf_counter()
+    result = _evaluate(model, evaluation, config)
+    record = _evaluation_record(result, evaluation) | {"checkpoint_step": step,
+                                                       "seconds": round(time.perf_counter() - started, 2),
+                                                       "cpu_model": cpu_model(), "code": code_version()}
+    path = Path(results_dir) / evaluation_file_name(evaluation)
+    write_atomic(path.with_suffix(".npy"), _npy_bytes(result.per_example.astype(np.float32)))
+    write_atomic(path, json.dumps(record, indent=2) + "\n")
     return record
