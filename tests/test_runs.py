@@ -16,7 +16,7 @@ import pytest
 
 from vcd_helpers.cli import _parser, main, resolve_config
 from vcd_helpers.config import load_config
-from vcd_helpers.runs import RunDirectory, RunDirectoryError, evaluate_run, train_run
+from vcd_helpers.runs import RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches, train_run
 
 # Small but complete: every piece of state a checkpoint must carry is exercised (local control
 # variates across the scheduled switch, adapted step size, optimiser slots, data position).
@@ -25,6 +25,8 @@ SMALL = dict(
     hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
     control_variate={"kind": "scheduled", "switch_step": 30},
     evaluation={"num_examples": 20, "num_samples": 50, "chunk_size": 50, "burn_in": 4, "kept": 4},
+    curve_every_epochs=2.5,  # 20 steps an epoch: the learning curve at steps 50, 100, 150, 200
+    curve={"num_examples": 10, "num_samples": 20, "chunk_size": 20, "burn_in": 2, "kept": 2},
 )
 
 
@@ -71,6 +73,12 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
     assert json.loads(finished.stdout)["steps"] == 200
 
     assert _rows(resumed) == _rows(uninterrupted)
+    curves = [read_curve(d) for d in (uninterrupted, resumed)]
+    assert list(curves[0]["step"]) == [50, 100, 150, 200]
+    for column in ("step", "epoch", "log_likelihood", "standard_error", "num_samples", "proposal"):
+        np.testing.assert_array_equal(curves[0][column], curves[1][column])
+    launches = read_launches(resumed)
+    assert [l["start_step"] for l in launches] == [0, killed_at] and launches[0]["code"]["commit"]
     a = json.loads((uninterrupted / "results.json").read_text())
     b = json.loads((resumed / "results.json").read_text())
     assert a["final_metrics"] == b["final_metrics"]

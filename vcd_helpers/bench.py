@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config, load_config
-from vcd_helpers.data import NUM_PIXELS, indexed_batches, load_binarized_mnist
+from vcd_helpers.config import NUM_PIXELS, Config, load_config
+from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.training import build_trainer, make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")

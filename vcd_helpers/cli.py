@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from typing import Sequence
 
-from vcd_helpers.config import CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, Config, get_profile, preset_values
+from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, STRATEGIES, Config, get_profile,
+                                preset_values)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,9 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps-per-call", type=int,
                        help="training steps per host call of the in-graph loop (default: up to 10, "
                             "dividing the logging interval)")
-    train.add_argument("--strategy", choices=["none", "mirrored", "multi_worker"], default="none",
+    train.add_argument("--strategy", choices=STRATEGIES,
                        help="data-parallel replicas: mirrored (GPUs, or logical CPUs split from the CPU) or "
-                            "multi_worker (one process per worker, set up by TF_CONFIG)")
+                            "multi_worker (one process per worker, set up by TF_CONFIG); default none")
     train.add_argument("--replicas", type=int, help="replicas of the mirrored strategy (default 2)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -115,7 +121,93 @@ def resolve_config(args: argparse.Namespace) -> Config:
     values["evaluation"]["chunk_size"] = min(values["evaluation"]["num_samples"], values["evaluation"]["chunk_size"])
     if args.control_variate is not None:
         values["control_variate"]["kind"] = args.control_variate
+    if args.strategy is not None:
+        values["strategy"] = args.strategy
+        values["replicas"] = 1
+        if args.strategy == "mirrored":
+            values["replicas"] = 2
+        elif args.strategy == "multi_worker":
+            from vcd_helpers.distributed import tf_config_workers
+
+            values["replicas"] = len(tf_config_workers()[0])
+    if args.replicas is not None:
+        if values["strategy"] != "mirrored":
+            raise ValueError(f"--replicas {args.replicas} is invalid with strategy={values['strategy']!r}: only "
+                             "--strategy mirrored takes a number of replicas")
+        values["replicas"] = args.replicas
     return Config.from_dict(values)
+
+
+#: Set (to a pipe's file descriptor) in a multi-worker training process started by ``_supervise``.
+READY_FD_ENV = "VCD_WORKER_READY_FD"
+
+
+def _supervise(argv: list[str]) -> int:
+    """Run a multi-worker ``train`` in a child process and watch it join its cluster.
+
+    MultiWorkerMirroredStrategy's constructor blocks inside TensorFlow, holding Python's lock,
+    until every worker of TF_CONFIG has started: a process waiting there can neither time out nor
+    react to Ctrl-C or SIGTERM. So the training runs in a child that reports through a pipe once
+    its strategy exists; this process stays responsive, stops the child after
+    ``distributed.worker_timeout()`` seconds naming the workers that never answered, and passes
+    SIGINT and SIGTERM on. Returns the exit code.
+    """
+    from vcd_helpers.distributed import WORKER_TIMEOUT_ENV, tf_config_workers, unreachable, worker_timeout
+
+    workers, index = tf_config_workers()
+    timeout = worker_timeout()
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen([sys.executable, "-m", "vcd_helpers", *argv], pass_fds=(write_end,),
+                             env=os.environ | {READY_FD_ENV: str(write_end)})
+    os.close(write_end)
+    received: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: received.append(signum))
+    deadline = time.monotonic() + timeout
+    with os.fdopen(read_end, "rb") as ready:
+        while not select.select([ready], [], [], 0.2)[0]:
+            if child.poll() is not None:
+                return child.returncode
+            if received or time.monotonic() > deadline:
+                child.kill()
+                child.wait()
+                if received:
+                    print("interrupted while waiting for the workers of TF_CONFIG to join", file=sys.stderr)
+                    return 130
+                peers = [w for k, w in enumerate(workers) if k != index]
+                print(f"error: strategy='multi_worker': worker(s) {', '.join(unreachable(peers) or peers)} of "
+                      f"TF_CONFIG did not join within {timeout:g} s (${WORKER_TIMEOUT_ENV}); start every worker "
+                      "with the same command and its own task index, or check the addresses", file=sys.stderr)
+                return 2
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the child handles them now
+        signal.signal(signum, lambda signum, frame: child.send_signal(signum))
+    for signum in received:
+        child.send_signal(signum)
+    return child.wait()
+
+
+def _report_ready() -> None:
+    """Tell a supervising process (``_supervise``) that this worker's strategy exists."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is not None:
+        os.write(int(fd), b"1")
+        os.close(int(fd))
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _error_message(error: BaseException) -> str | None:
+    """A one-line account of a file-system or TensorFlow I/O error, naming the file, or None."""
+    if isinstance(error, OSError):
+        where = error.filename or "a file"
+        return (f"cannot use {where}: {error.strerror or error}. Check that the path is a writable directory "
+                "on a disk with free space, or choose another one")
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(error, tf.errors.OpError):
+        return f"TensorFlow could not read or write a file: {error.message}"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,14 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "vcd_helpers", *argv])
     try:
         if args.command == "train":
+            if args.steps_per_call is not None and args.steps_per_call < 1:
+                raise ValueError(f"--steps-per-call {args.steps_per_call} is invalid: must be a positive integer")
             config = resolve_config(args)
+            if config.strategy == "multi_worker" and READY_FD_ENV not in os.environ:
+                return _supervise(argv)
             from vcd_helpers.distributed import build_strategy
 
-            strategy = build_strategy(args.strategy, args.replicas)  # before any other TensorFlow op
+            strategy = build_strategy(config)  # before any other TensorFlow op
+            _report_ready()
             from vcd_helpers.runs import RunDirectory, train_run
 
             if args.resume and RunDirectory(args.results).stored_config() is None:
                 raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
+            signal.signal(signal.SIGTERM, _raise_interrupt)  # stop as Ctrl-C does: with a word, not silently
             results = train_run(config, args.results, command=command, progress=not args.quiet,
                                 jit_compile=not args.no_xla, steps_per_call=args.steps_per_call, strategy=strategy)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
@@ -152,7 +250,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FloatingPointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt as error:
+        from vcd_helpers.runs import RunInterrupted
+
+        print(str(error) if isinstance(error, RunInterrupted) else "interrupted", file=sys.stderr)
+        return 130
     except (ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        message = _error_message(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
     return 0

@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 PRESET_DIR = Path(__file__).parent / "presets"
-NUM_TRAIN_EXAMPLES = 50_000
+NUM_PIXELS = 784
+#: Images in each split of binarised MNIST (Larochelle's files; the reference trains on "train").
+SPLIT_SIZES = {"train": 50_000, "valid": 10_000, "test": 10_000}
+NUM_TRAIN_EXAMPLES = SPLIT_SIZES["train"]
 
 #: Learning rates tuned per batch size by Graphcore (blog); the scale net gets half of each.
 TUNED_LEARNING_RATES: dict[int, float] = {16: 5e-4, 100: 5e-4, 128: 9e-4, 512: 9e-4, 1024: 1.3e-3}
@@ -34,6 +37,8 @@ CONTROL_VARIATE_KINDS = ("none", "global", "local", "scheduled")
 METHODS = ("vcd", "vae")
 PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
 EVAL_SPLITS = ("valid", "test")
+#: How a VCD step is spread over devices: one device, mirrored replicas, or one process per worker.
+STRATEGIES = ("none", "mirrored", "multi_worker")
 
 
 def _fail(field_name: str, value: Any, allowed: str) -> None:
@@ -168,6 +173,9 @@ class EvaluationConfig:
         _positive_int("evaluation.kept", self.kept)
         if self.num_examples is not None:
             _positive_int("evaluation.num_examples", self.num_examples)
+            if self.num_examples > SPLIT_SIZES[self.split]:
+                _fail("evaluation.num_examples", self.num_examples,
+                      f"the {self.split} split has {SPLIT_SIZES[self.split]} images")
         _positive_int("evaluation.batch_size", self.batch_size)
 
 
@@ -198,6 +206,8 @@ class Config:
     log_every_steps: int = 100
     checkpoint_every_steps: int = 2000
     curve_every_epochs: float | None = None
+    strategy: str = "none"
+    replicas: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
     hmc: HMCConfig = field(default_factory=HMCConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -236,6 +246,14 @@ class Config:
             # A resumed run then restarts on a logging-window boundary and writes the same rows.
             _fail("checkpoint_every_steps", self.checkpoint_every_steps,
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
+        _one_of("strategy", self.strategy, STRATEGIES)
+        _positive_int("replicas", self.replicas)
+        if self.strategy == "none" and self.replicas != 1:
+            _fail("replicas", self.replicas, "must be 1 without a strategy (--strategy mirrored or multi_worker)")
+        if self.strategy != "none" and self.method != "vcd":
+            _fail("strategy", self.strategy, f"only VCD is replicated, not method={self.method!r}")
+        if self.batch_size % self.replicas:
+            _fail("batch_size", self.batch_size, f"must be a multiple of replicas={self.replicas}")
         if self.curve_every_epochs is not None:
             _positive_float("curve_every_epochs", self.curve_every_epochs)
         for name, kind in _SECTIONS.items():
@@ -355,9 +373,12 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
     try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"config file {str(path)!r} is not valid JSON: {error}") from error
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"config file {str(path)!r} is not valid UTF-8 JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"config file {str(path)!r} holds a JSON {type(values).__name__}: it must hold an "
+                         "object of configuration keys, e.g. {\"batch_size\": 128}")
     return _merge(Config().to_dict(), values, prefix="")
 
 

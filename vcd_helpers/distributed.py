@@ -17,15 +17,67 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import STRATEGIES, Config
 from vcd_helpers.devices import split_physical_device
 from vcd_helpers.model import VAE
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
-STRATEGIES = ("none", "mirrored", "multi_worker")
+WORKER_TIMEOUT_ENV = "VCD_WORKER_TIMEOUT"
+DEFAULT_WORKER_TIMEOUT = 300.0
+TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
+
+
+def tf_config_workers() -> tuple[list[str], int]:
+    """The worker addresses and this process's index, from the TF_CONFIG environment variable.
+
+    Raises ValueError naming TF_CONFIG when it is missing or malformed.
+    """
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise ValueError(f"strategy='multi_worker' needs the TF_CONFIG environment variable: {TF_CONFIG_EXAMPLE}")
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({error}): it must be like {TF_CONFIG_EXAMPLE}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise ValueError(f"TF_CONFIG={raw} is invalid: it must be an object like {TF_CONFIG_EXAMPLE}")
+    workers = config["cluster"].get("worker")
+    if not isinstance(workers, list) or not workers or not all(isinstance(w, str) and ":" in w for w in workers):
+        raise ValueError(f"TF_CONFIG cluster.worker={workers!r} is invalid: must be a list of 'host:port' strings")
+    task = config.get("task")
+    if (not isinstance(task, dict) or task.get("type") != "worker" or not isinstance(task.get("index"), int)
+            or not 0 <= task["index"] < len(workers)):
+        raise ValueError(f"TF_CONFIG task={task!r} is invalid: must be {{'type': 'worker', 'index': i}} with "
+                         f"0 <= i < {len(workers)}")
+    return workers, task["index"]
+
+
+def worker_timeout() -> float:
+    """Seconds a worker waits for the others to join: ``$VCD_WORKER_TIMEOUT``, default 300."""
+    raw = os.environ.get(WORKER_TIMEOUT_ENV, str(DEFAULT_WORKER_TIMEOUT))
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = -1.0
+    if not timeout > 0:
+        raise ValueError(f"${WORKER_TIMEOUT_ENV}={raw!r} is invalid: must be a positive number of seconds")
+    return timeout
+
+
+def unreachable(addresses: list[str]) -> list[str]:
+    """The 'host:port' addresses that refuse a TCP connection now."""
+    out = []
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+        except (OSError, ValueError):
+            out.append(address)
+    return out
 
 
 def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.Strategy | None:
@@ -46,13 +98,6 @@ def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.
             devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
         # Logical CPUs have no NCCL; the ring of copies works on any device type.
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
-    config = os.environ.get("TF_CONFIG")
-    if not config:
-        raise ValueError("strategy='multi_worker' needs the TF_CONFIG environment variable: "
-                         '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}')
-    task = json.loads(config).get("task", {})
-    if task.get("type") != "worker" or not isinstance(task.get("index"), int):
-        raise ValueError(f"TF_CONFIG task={task!r} is invalid: must be {{'type': 'worker', 'index': <int>}}")
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
@@ -74,12 +119,15 @@ def replica_devices(num_replicas: int) -> list[str]:
     return split_physical_device(num_replicas)
 
 
-def build_strategy(name: str, replicas: int | None = None) -> tf.distribute.Strategy | None:
-    """The strategy the training command asks for: ``replicas`` (mirrored only, default 2)
-    chooses the devices with ``replica_devices``."""
-    if name != "mirrored" and replicas is not None:
-        raise ValueError(f"replicas={replicas} is invalid with strategy={name!r}: only 'mirrored' takes replicas")
-    return make_strategy(name, replica_devices(replicas or 2) if name == "mirrored" else None)
+def build_strategy(config: Config) -> tf.distribute.Strategy | None:
+    """The strategy of a run's config: ``config.replicas`` mirrored replicas on the devices of
+    ``replica_devices``, or one replica per TF_CONFIG worker."""
+    strategy = make_strategy(config.strategy, replica_devices(config.replicas) if config.strategy == "mirrored"
+                             else None)
+    if strategy is not None and strategy.num_replicas_in_sync != config.replicas:
+        raise ValueError(f"replicas={config.replicas} is invalid: the {config.strategy} strategy has "
+                         f"{strategy.num_replicas_in_sync} replicas")
+    return strategy
 
 
 class ReplicatedVCDTrainer(VCDTrainer):

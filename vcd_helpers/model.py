@@ -11,10 +11,9 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from vcd_helpers.config import ModelConfig
+from vcd_helpers.config import NUM_PIXELS, ModelConfig
 from vcd_helpers.seeds import SeedLike, split_seed
 
-NUM_PIXELS = 784
 
 
 class MLP(tf.Module):

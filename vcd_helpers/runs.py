@@ -50,6 +50,7 @@ from vcd_helpers.config import EvaluationConfig
 from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
 from vcd_helpers.evaluation import EvaluationResult, make_evaluator
+from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
 from vcd_helpers.training import build_trainer, fit
 
@@ -71,33 +72,26 @@ VERSION_PACKAGES = ("tensorflow", "tensorflow-probability", "numpy", "vcd_helper
 
 
 class RunDirectoryError(RuntimeError):
-    """The results directory cannot be used for this run (it holds something else)."""
+    """The results directory cannot be used for this run (it holds something else, or is damaged)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Training stopped by SIGINT or SIGTERM; the message says where and how to resume."""
+
+
+#: A model that gives every pixel probability 1/2 scores 784 log(1/2) = -543.4 nats per image:
+#: a trained model below it has diverged, whatever its losses say.
+COIN_FLIP_LOG_LIKELIHOOD = 784 * math.log(0.5)
+
+
+def _warn(warnings: list[str], message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+    warnings.append(message)
 
 
 def versions() -> dict[str, str]:
     """Python and the versions of the packages that decide a run's numbers."""
     return {"python": sys.version.split()[0]} | package_versions(VERSION_PACKAGES)
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, fsync, then rename, so a
-    kill or a full disk never leaves a truncated file where a reader expects a complete one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 def _differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
@@ -136,6 +130,8 @@ class RunDirectory:
         """Hold the directory for this process (an flock, released by the kernel however the
         process ends, so a killed run never blocks its own resume). Raises RunDirectoryError
         naming the holder when another process has it."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"{self.path} is a file, not a directory: give a new or existing directory")
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.lock_file, "a+") as f:
             try:
@@ -166,9 +162,29 @@ class RunDirectory:
         return None
 
     def stored_config(self) -> Config | None:
+        """The config of the run this directory holds (None for a new directory).
+
+        Raises RunDirectoryError naming config.json when it is damaged."""
         if not self.config_file.exists():
             return None
-        return Config.from_dict(json.loads(self.config_file.read_text()))
+        try:
+            return Config.from_dict(json.loads(self.config_file.read_text(encoding="utf-8")))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise RunDirectoryError(
+                f"{self.config_file} is damaged ({error}): it records which run this directory holds. Restore "
+                "it (e.g. from a copy of the run), or train into a new --results directory") from None
+
+    def stored_results(self) -> dict[str, Any] | None:
+        """results.json of a finished run; None when absent or damaged (the run is then evaluated again)."""
+        try:
+            results = json.loads(self.results_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            print(f"warning: {self.results_file} is damaged; evaluating the finished run again to rewrite it",
+                  file=sys.stderr, flush=True)
+            return None
+        return results if isinstance(results, dict) else None
 
     def claim(self, config: Config) -> None:
         """Make the directory this run's, or raise RunDirectoryError if it holds another run.
@@ -199,10 +215,15 @@ def keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
     if not path.exists():
         return
     with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows or rows[0] != columns:
-        raise RunDirectoryError(f"{path} has columns {rows[0] if rows else []}, expected {columns}")
-    kept = [rows[0]] + [row for row in rows[1:] if int(row[0]) <= step]
+        rows = [(number, row) for number, row in enumerate(csv.reader(f), start=1) if row]
+    if not rows or rows[0][1] != columns:
+        raise RunDirectoryError(f"{path} has columns {rows[0][1] if rows else []}, expected {columns}: it is not "
+                                "this package's file; move it aside to start it anew")
+    for number, row in rows[1:]:
+        if len(row) != len(columns) or not row[0].isdigit():
+            raise RunDirectoryError(f"{path}, line {number}, is damaged ({','.join(row)[:80]!r}); delete that line "
+                                    "(the run rewrites rows after its checkpoint) and run the same command again")
+    kept = [rows[0][1]] + [row for _, row in rows[1:] if int(row[0]) <= step]
     buffer = io.StringIO()
     csv.writer(buffer).writerows(kept)
     write_atomic(path, buffer.getvalue())
@@ -260,6 +281,11 @@ class LearningCurve:
     def due(self, step: int) -> bool:
         return step % self.config.curve_every_steps == 0
 
+    def total_seconds(self) -> float:
+        """Seconds all the curve's evaluations took, over every process that trained the run."""
+        with open(self.path, newline="") as f:
+            return round(sum(float(row["eval_seconds"]) for row in csv.DictReader(f)), 2)
+
     def record(self, step: int, train_seconds: float) -> float:
         """Evaluate now, as step ``step``, and append the row; returns the seconds it took."""
         started = time.perf_counter()
@@ -273,10 +299,34 @@ class LearningCurve:
         return seconds
 
 
-def _record_launch(run: RunDirectory, start_step: int, command: str) -> None:
+def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings: list[str]) -> str | None:
+    """Restore the newest checkpoint that restores, found from the index or, without one, from
+    the files; returns its path (None: no checkpoint, a fresh start). A damaged checkpoint is
+    skipped with a warning; a directory whose checkpoints all fail is an error, never a silent
+    restart from step 0 that would overwrite them."""
+    candidates = {int(p.name[len("ckpt-"):-len(".index")]): str(p.with_suffix(""))
+                  for p in run.checkpoint_dir.glob("ckpt-*.index") if p.name[5:-6].isdigit()}
+    if not candidates:
+        return None
+    failures = []
+    for step in sorted(candidates, reverse=True):
+        try:
+            checkpoint.restore(candidates[step]).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, IndexError, AssertionError) as error:
+            failures.append(f"{Path(candidates[step]).name} ({type(error).__name__}: {str(error).splitlines()[0]})")
+            continue
+        for failure in failures:
+            _warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
+        return candidates[step]
+    raise RunDirectoryError(f"no checkpoint in {run.checkpoint_dir} could be restored: {'; '.join(failures)}. "
+                            "Move the directory aside and train into a new --results directory")
+
+
+def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: list[str]) -> None:
     """Append this process to launches.jsonl: which code and machine trained which steps."""
     launch = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "start_step": start_step,
-              "pid": os.getpid(), "code": code_version(), "cpu_model": cpu_model(), "command": command}
+              "pid": os.getpid(), "code": code_version(), "cpu_model": cpu_model(), "command": command,
+              "warnings": warnings}
     with open(run.launches_file, "a") as f:
         f.write(json.dumps(launch) + "\n")
 
@@ -308,15 +358,22 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     FloatingPointError (naming the metric and step) when a loss becomes NaN or Inf; the last
     good checkpoint is left in place.
     """
-    steps_per_call = steps_per_call or default_steps_per_call(config)
+    # Everything is checked before the directory is touched.
+    steps_per_call = default_steps_per_call(config) if steps_per_call is None else steps_per_call
+    if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+        raise ValueError(f"steps_per_call={steps_per_call!r} is invalid: must be a positive integer")
     if config.log_every_steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
                          f"log_every_steps={config.log_every_steps}")
+    if strategy_name(strategy) != config.strategy:
+        raise ValueError(f"strategy={strategy_name(strategy)!r} is invalid for a config with "
+                         f"strategy={config.strategy!r}: build it with distributed.build_strategy(config)")
     run = RunDirectory(Path(results_dir))
     with run.lock(command or "train_run"):
         run.claim(config)
-        if run.results_file.exists():
-            return json.loads(run.results_file.read_text())
+        stored = run.stored_results()
+        if stored is not None:
+            return stored
         return _train(config, run, command=command, progress=progress, jit_compile=jit_compile,
                       steps_per_call=steps_per_call, strategy=strategy)
 
@@ -335,13 +392,16 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     wall_time = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="wall_time")
     checkpoint = tf.train.Checkpoint(trainer=trainer, wall_time=wall_time)
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir, max_to_keep=KEPT_CHECKPOINTS)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    warnings: list[str] = []
+    restored = _restore_newest(checkpoint, run, warnings)
     start_step = int(trainer.step.numpy())
     elapsed_before = float(wall_time.numpy())
-    if progress and start_step:
+    if progress and restored:
         print(f"resuming {run.path} from step {start_step} of {config.num_steps}", flush=True)
-    _record_launch(run, start_step, command)
+    if start_step and not run.metrics_file.exists():
+        _warn(warnings, f"{run.metrics_file} was missing: its rows up to step {start_step} are lost (TensorBoard "
+                        f"events in {run.tensorboard_dir} still hold them); logging continues from there")
+    _record_launch(run, start_step, command, warnings)
 
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)
@@ -369,6 +429,10 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     except FloatingPointError as error:
         kept = manager.latest_checkpoint or "none yet"
         raise FloatingPointError(f"{error}. The run stopped; its last good checkpoint is {kept}") from None
+    except KeyboardInterrupt:
+        kept = manager.latest_checkpoint or "none yet (the run restarts from step 0)"
+        raise RunInterrupted(f"interrupted at step {int(trainer.step.numpy())}; checkpoint {kept} kept; run the "
+                             "same command to resume") from None
     finally:
         log.close()
     train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
@@ -377,9 +441,19 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     evaluation_started = time.perf_counter()
     evaluation = _evaluate(trainer.model, config.evaluation, config)
     evaluation_seconds = time.perf_counter() - evaluation_started
-    write_atomic(run.path / PER_EXAMPLE_FILE, _npy_bytes(evaluation.per_example.astype(np.float32)))
-    metrics = read_metrics(run.path)
+    write_atomic(run.path / PER_EXAMPLE_FILE, npy_bytes(evaluation.per_example.astype(np.float32)))
+    try:
+        metrics = read_metrics(run.path)
+    except RunDirectoryError:  # metrics.csv was lost (a warning says so): nothing to summarise
+        metrics = {"step": np.zeros([0], np.int64)}
     launches = read_launches(run.path)
+    warnings = [w for launch in launches for w in launch.get("warnings", [])]
+    loss = "decoder_loss" if "decoder_loss" in metrics else "loss"
+    if len(metrics["step"]) > 1 and not metrics[loss][-1] < metrics[loss][0]:
+        _warn(warnings, f"the run diverged: its {loss} grew from {metrics[loss][0]:.4g} (step {metrics['step'][0]}) "
+                        f"to {metrics[loss][-1]:.4g} (step {metrics['step'][-1]}) and its test log-likelihood is "
+                        f"{evaluation.mean_log_likelihood:.4g} (a model giving every pixel probability 1/2 scores "
+                        f"{COIN_FLIP_LOG_LIKELIHOOD:.1f}); lower the learning rate")
     results = {
         "name": config.name,
         "method": config.method,
@@ -394,7 +468,7 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
         "ms_per_step": round(1000 * train_seconds / config.num_steps, 2),
         "steady_ms_per_step": _steady_ms_per_step(metrics),
         "evaluation_seconds": round(evaluation_seconds, 2),
-        "curve_seconds": round(float(read_curve(run.path)["eval_seconds"].sum()), 2) if curve else 0.0,
+        "curve_seconds": curve.total_seconds() if curve else 0.0,
         "data_source": data_source().source,
         "device": device_summary(),
         "versions": versions(),
@@ -404,6 +478,7 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
         "strategy": {"name": strategy_name(strategy), "replicas": strategy.num_replicas_in_sync if strategy else 1},
         "steps_per_call": steps_per_call,
         "command": command,
+        "warnings": warnings,
     }
     write_atomic(run.results_file, json.dumps(results, indent=2) + "\n")
     return results
@@ -412,9 +487,10 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
 def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:
     """Median ms per step over the logging windows of metrics.csv (the median leaves out the
     windows that hold a compilation); None when there are fewer than two rows."""
-    steps, seconds = metrics["step"], metrics["wall_time"]
-    rates = 1000 * np.diff(seconds) / np.diff(steps)
-    return round(float(np.median(rates)), 2) if len(rates) else None
+    if len(metrics["step"]) < 2:
+        return None
+    rates = 1000 * np.diff(metrics["wall_time"]) / np.diff(metrics["step"])
+    return round(float(np.median(rates)), 2)
 
 
 def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> EvaluationResult:
@@ -424,11 +500,13 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> Evalu
 
 def _evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -> dict[str, Any]:
     per_example = result.per_example
-    standard_error = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None
+    with np.errstate(invalid="ignore"):  # a diverged model's -inf estimates: recorded as unknown below
+        spread = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None
+    standard_error = spread
     return {
         "split": evaluation.split,
-        "mean": result.mean_log_likelihood,
-        # JSON has no Infinity: a diverged model's spread is recorded as unknown.
+        "mean": result.mean_log_likelihood if math.isfinite(result.mean_log_likelihood) else None,
+        # JSON has no Infinity: a diverged model's mean and spread are recorded as unknown.
         "standard_error": standard_error if standard_error is not None and math.isfinite(standard_error) else None,
         "num_examples": int(len(per_example)),
         "proposal": result.proposal,
@@ -498,6 +576,9 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     num_examples, ...). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
     every image beside it (.npy); returns the record."""
     model, config, step = restore_model(results_dir)
+    if not os.access(results_dir, os.W_OK):
+        raise RunDirectoryError(f"{results_dir} is not writable: the evaluation could not be saved there; "
+                                "make it writable, or copy the run to a writable directory first")
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
     evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
     started = time.perf_counter()
@@ -506,6 +587,6 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
                                                        "seconds": round(time.perf_counter() - started, 2),
                                                        "cpu_model": cpu_model(), "code": code_version()}
     path = Path(results_dir) / evaluation_file_name(evaluation)
-    write_atomic(path.with_suffix(".npy"), _npy_bytes(result.per_example.astype(np.float32)))
+    write_atomic(path.with_suffix(".npy"), npy_bytes(result.per_example.astype(np.float32)))
     write_atomic(path, json.dumps(record, indent=2) + "\n")
     return record

