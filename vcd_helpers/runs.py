@@ -79,9 +79,11 @@ class RunInterrupted(KeyboardInterrupt):
     """Training stopped by SIGINT or SIGTERM; the message says where and how to resume."""
 
 
-#: A model that gives every pixel probability 1/2 scores 784 log(1/2) = -543.4 nats per image:
-#: a trained model below it has diverged, whatever its losses say.
+#: A model that gives every pixel probability 1/2 scores 784 log(1/2) = -543.4 nats per image.
 COIN_FLIP_LOG_LIKELIHOOD = 784 * math.log(0.5)
+#: A run ten times worse than that, in its test log-likelihood or its final per-image loss (an
+#: untrained model starts near 600), has diverged even if nothing became NaN.
+DIVERGED_FACTOR = 10
 
 
 def _warn(warnings: list[str], message: str) -> None:
@@ -449,11 +451,13 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     launches = read_launches(run.path)
     warnings = [w for launch in launches for w in launch.get("warnings", [])]
     loss = "decoder_loss" if "decoder_loss" in metrics else "loss"
-    if len(metrics["step"]) > 1 and not metrics[loss][-1] < metrics[loss][0]:
-        _warn(warnings, f"the run diverged: its {loss} grew from {metrics[loss][0]:.4g} (step {metrics['step'][0]}) "
-                        f"to {metrics[loss][-1]:.4g} (step {metrics['step'][-1]}) and its test log-likelihood is "
-                        f"{evaluation.mean_log_likelihood:.4g} (a model giving every pixel probability 1/2 scores "
-                        f"{COIN_FLIP_LOG_LIKELIHOOD:.1f}); lower the learning rate")
+    final_loss = float(metrics[loss][-1]) if len(metrics["step"]) else None
+    mean = evaluation.mean_log_likelihood
+    if not mean > DIVERGED_FACTOR * COIN_FLIP_LOG_LIKELIHOOD or (
+            final_loss is not None and not final_loss < -DIVERGED_FACTOR * COIN_FLIP_LOG_LIKELIHOOD):
+        _warn(warnings, f"the run diverged: its final {loss} is {final_loss:.4g} and its test log-likelihood "
+                        f"{mean:.4g}, where a model giving every pixel probability 1/2 scores "
+                        f"{COIN_FLIP_LOG_LIKELIHOOD:.1f} nats; lower the learning rate")
     results = {
         "name": config.name,
         "method": config.method,
@@ -500,7 +504,7 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> Evalu
 
 def _evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -> dict[str, Any]:
     per_example = result.per_example
-    with np.errstate(invalid="ignore"):  # a diverged model's -inf estimates: recorded as unknown below
+    with np.errstate(invalid="ignore", over="ignore"):  # a diverged model: recorded as unknown below
         spread = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None
     standard_error = spread
     return {
