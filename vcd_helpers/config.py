@@ -1,6 +1,7 @@
 """Configuration: one frozen dataclass holding every hyperparameter, presets, and run profiles.
 
-``Config`` mirrors ../shared/design/vcd-algorithm.md; its defaults are the paper's settings.
+``Config`` holds the settings listed in the book's page "The algorithm at a glance"
+(book/algorithm.md); its defaults are the paper's.
 Every field is validated when the object is built, so a bad value fails at once with a
 ValueError that names the field, the value and what is allowed.
 

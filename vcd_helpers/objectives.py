@@ -33,7 +33,7 @@ def elbo(model: VAE, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: tf.Tensor,
                            log_joint_z0: tf.Tensor, grad_z0: tf.Tensor, log_joint_zT: tf.Tensor,
                            baseline: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """The encoder's VCD surrogate loss, summed over the batch, and g(zT) (../shared/design/vcd-algorithm.md).
+    """The encoder's VCD surrogate loss, summed over the batch, and g(zT) (book/algorithm.md).
 
         g(z; mu, sigma) = log p(x, z) + 1/2 sum_d ((z_d - mu_d) / sigma_d)^2
         encoder_loss = sum_n [ -log p(x, z0)                               pathwise, through z0
