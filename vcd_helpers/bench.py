@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, Config, load_config
+from vcd_helpers.config import NUM_PIXELS, Config, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.training import build_trainer, make_training_loop
 
@@ -90,8 +90,7 @@ def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, c
     """
     if style not in STYLES:
         raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls={calls!r} is invalid: must be a positive integer")
+    check_positive_int("calls", calls)
     k = steps_per_call if style in ("loop", "xla_loop") else 1
     trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"))
     images = load_binarized_mnist("train")[: config.train_examples]

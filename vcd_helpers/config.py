@@ -46,9 +46,11 @@ def _fail(field_name: str, value: Any, allowed: str) -> None:
     raise ValueError(f"{field_name}={value!r} is invalid: {allowed}")
 
 
-def _positive_int(field_name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an int (not a bool) >= 1: the one
+    check every count in the package (steps, sizes, replicas, draws) goes through."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        _fail(field_name, value, "must be a positive integer")
+        _fail(name, value, "must be a positive integer")
 
 
 def _non_negative_int(field_name: str, value: Any) -> None:
@@ -82,8 +84,8 @@ class ModelConfig:
     min_scale: float = 1e-4
 
     def __post_init__(self) -> None:
-        _positive_int("model.latent_dim", self.latent_dim)
-        _positive_int("model.hidden_units", self.hidden_units)
+        check_positive_int("model.latent_dim", self.latent_dim)
+        check_positive_int("model.hidden_units", self.hidden_units)
         _positive_float("model.min_scale", self.min_scale)
 
 
@@ -98,8 +100,8 @@ class HMCConfig:
     adaptation_rate: float = 0.01
 
     def __post_init__(self) -> None:
-        _positive_int("hmc.num_iterations", self.num_iterations)
-        _positive_int("hmc.num_leapfrog_steps", self.num_leapfrog_steps)
+        check_positive_int("hmc.num_iterations", self.num_iterations)
+        check_positive_int("hmc.num_leapfrog_steps", self.num_leapfrog_steps)
         _positive_float("hmc.initial_step_size", self.initial_step_size)
         _fraction("hmc.target_accept_rate", self.target_accept_rate)
         _positive_float("hmc.adaptation_rate", self.adaptation_rate)
@@ -167,17 +169,17 @@ class EvaluationConfig:
     def __post_init__(self) -> None:
         _one_of("evaluation.split", self.split, EVAL_SPLITS)
         _one_of("evaluation.proposal", self.proposal, PROPOSALS)
-        _positive_int("evaluation.num_samples", self.num_samples)
-        _positive_int("evaluation.chunk_size", self.chunk_size)
+        check_positive_int("evaluation.num_samples", self.num_samples)
+        check_positive_int("evaluation.chunk_size", self.chunk_size)
         _positive_float("evaluation.widen", self.widen)
         _non_negative_int("evaluation.burn_in", self.burn_in)
-        _positive_int("evaluation.kept", self.kept)
+        check_positive_int("evaluation.kept", self.kept)
         if self.num_examples is not None:
-            _positive_int("evaluation.num_examples", self.num_examples)
+            check_positive_int("evaluation.num_examples", self.num_examples)
             if self.num_examples > SPLIT_SIZES[self.split]:
                 _fail("evaluation.num_examples", self.num_examples,
                       f"the {self.split} split has {SPLIT_SIZES[self.split]} images")
-        _positive_int("evaluation.batch_size", self.batch_size)
+        check_positive_int("evaluation.batch_size", self.batch_size)
 
 
 #: The learning curve's evaluation while a run trains: the paper's proposal and HMC, on a fixed
@@ -227,28 +229,28 @@ class Config:
                 "this preset needs a batch size (e.g. --batch-size 128); tuned ones are "
                 + ", ".join(map(str, TUNED_LEARNING_RATES)),
             )
-        _positive_int("batch_size", self.batch_size)
+        check_positive_int("batch_size", self.batch_size)
         if self.steps is None and self.epochs is None:
             _fail("epochs", None, "give epochs or steps")
         if self.steps is not None:
-            _positive_int("steps", self.steps)
+            check_positive_int("steps", self.steps)
         if self.epochs is not None:
             _positive_float("epochs", self.epochs)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             _fail("seed", self.seed, "must be an integer in [0, 2**31)")
-        _positive_int("train_examples", self.train_examples)
+        check_positive_int("train_examples", self.train_examples)
         if self.train_examples > NUM_TRAIN_EXAMPLES:
             _fail("train_examples", self.train_examples, f"must be at most {NUM_TRAIN_EXAMPLES}")
         if self.batch_size > self.train_examples:
             _fail("batch_size", self.batch_size, f"must not exceed train_examples={self.train_examples}")
-        _positive_int("log_every_steps", self.log_every_steps)
-        _positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
+        check_positive_int("log_every_steps", self.log_every_steps)
+        check_positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
         if self.checkpoint_every_steps % self.log_every_steps:
             # A resumed run then restarts on a logging-window boundary and writes the same rows.
             _fail("checkpoint_every_steps", self.checkpoint_every_steps,
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
         _one_of("strategy", self.strategy, STRATEGIES)
-        _positive_int("replicas", self.replicas)
+        check_positive_int("replicas", self.replicas)
         if self.strategy == "none" and self.replicas != 1:
             _fail("replicas", self.replicas, "must be 1 without a strategy (--strategy mirrored or multi_worker)")
         if self.strategy != "none" and self.method != "vcd":
@@ -435,7 +437,7 @@ class RunProfile:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             if f.name != "name":
-                _positive_int(f"profile.{f.name}", getattr(self, f.name))
+                check_positive_int(f"profile.{f.name}", getattr(self, f.name))
 
     def evaluation_config(self, base: EvaluationConfig | None = None) -> EvaluationConfig:
         """``base`` (default: the paper's) resized to this profile."""

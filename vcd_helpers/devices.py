@@ -17,6 +17,8 @@ from typing import Iterable
 
 import tensorflow as tf
 
+from vcd_helpers.config import check_positive_int
+
 
 def device_summary() -> dict[str, object]:
     """Physical and logical devices, CPU count and TensorFlow build facts, as plain values."""
@@ -104,8 +106,7 @@ def split_physical_device(num_logical: int, device_type: str = "CPU",
       ValueError: ``num_logical`` is not a positive integer, or no such device exists.
       RuntimeError: TensorFlow already initialised its devices with a different split.
     """
-    if isinstance(num_logical, bool) or not isinstance(num_logical, int) or num_logical < 1:
-        raise ValueError(f"num_logical={num_logical!r} is invalid: must be a positive integer")
+    check_positive_int("num_logical", num_logical)
     if device_type not in ("CPU", "GPU"):
         raise ValueError(f"device_type={device_type!r} is invalid: must be 'CPU' or 'GPU'")
     if device_type == "GPU" and memory_limit_mb is None:

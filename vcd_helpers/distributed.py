@@ -21,7 +21,7 @@ import socket
 
 import tensorflow as tf
 
-from vcd_helpers.config import STRATEGIES, Config
+from vcd_helpers.config import STRATEGIES, Config, check_positive_int
 from vcd_helpers.devices import split_physical_device
 from vcd_helpers.model import VAE
 from vcd_helpers.training import VCDEstimate, VCDTrainer
@@ -98,6 +98,7 @@ def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.
             devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
         # Logical CPUs have no NCCL; the ring of copies works on any device type.
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    tf_config_workers()  # a clear error for a missing or malformed TF_CONFIG, before TensorFlow reads it
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
@@ -111,8 +112,7 @@ def strategy_name(strategy: tf.distribute.Strategy | None) -> str:
 def replica_devices(num_replicas: int) -> list[str]:
     """Devices for ``num_replicas`` mirrored replicas: the first GPUs if there are enough, else
     logical CPUs split from the CPU (so call it before TensorFlow initialises its devices)."""
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"replicas={num_replicas!r} is invalid: must be a positive integer")
+    check_positive_int("replicas", num_replicas)
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= num_replicas:
         return [f"/GPU:{k}" for k in range(num_replicas)]

@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
+from vcd_helpers.config import check_positive_int
 from vcd_helpers.seeds import SeedLike, as_seed
 
 TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
@@ -110,8 +111,7 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
     Works eagerly, inside ``tf.function`` and under XLA (``jit_compile=True``).
     """
     for name, value in (("num_iterations", num_iterations), ("num_leapfrog_steps", num_leapfrog_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: must be a positive Python int")
+        check_positive_int(name, value)
     if not 0.0 < target_accept_rate < 1.0:
         raise ValueError(f"target_accept_rate={target_accept_rate!r} is invalid: must lie in (0, 1)")
 

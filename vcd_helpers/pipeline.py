@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
 from vcd_helpers.training import VCDEstimate, VCDTrainer
@@ -59,8 +59,7 @@ def batch_sizes(micro_batch_size: int, gradient_accumulation: int = 1, replicas:
     """
     for name, value in (("micro_batch_size", micro_batch_size), ("gradient_accumulation", gradient_accumulation),
                         ("replicas", replicas), ("device_iterations", device_iterations)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
+        check_positive_int(name, value)
     effective = micro_batch_size * gradient_accumulation * replicas
     return {"effective_batch": effective, "examples_per_host_call": effective * device_iterations}
 

@@ -44,9 +44,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
-from vcd_helpers.config import EvaluationConfig
 from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
 from vcd_helpers.evaluation import EvaluationResult, make_evaluator
@@ -362,8 +361,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     """
     # Everything is checked before the directory is touched.
     steps_per_call = default_steps_per_call(config) if steps_per_call is None else steps_per_call
-    if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
-        raise ValueError(f"steps_per_call={steps_per_call!r} is invalid: must be a positive integer")
+    check_positive_int("steps_per_call", steps_per_call)
     if config.log_every_steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
                          f"log_every_steps={config.log_every_steps}")

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE
@@ -212,8 +212,7 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
     logs and checkpoints there, so its boundaries must be multiples of ``steps_per_call``).
     Raises FloatingPointError on a non-finite metric, before ``on_step`` sees that step.
     """
-    if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
-        raise ValueError(f"steps_per_call={steps_per_call!r} is invalid: must be a positive integer")
+    check_positive_int("steps_per_call", steps_per_call)
     history: dict[str, list] = {"step": [], "wall_time": []}
     iterator = iter(batches)
     loop = make_training_loop(trainer) if steps_per_call > 1 else None
