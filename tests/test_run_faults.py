@@ -88,6 +88,7 @@ def test_a_damaged_results_file_is_rewritten_by_evaluating_again(tmp_path, finis
     assert "is damaged; evaluating the finished run again" in capsys.readouterr().err
     _same_numbers(results, finished[1])
     assert results["steady_ms_per_step"] is not None and results["final_metrics"]
+    assert results["schema"] == runs.RESULTS_SCHEMA and results["code"]["commits"]
     assert json.loads((run / "results.json").read_text()) == results
 
 
@@ -165,7 +166,9 @@ def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_p
                                 "--results", str(tmp_path / "run"), "--strategy", "multi_worker", "--quiet"],
                                env=env, stderr=subprocess.PIPE, text=True)
     if how == "SIGINT":
-        time.sleep(20)  # past the imports, waiting for the peer
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        while process.poll() is None and not children.read_text().strip():
+            time.sleep(0.1)  # until the supervisor has started the worker, which waits for its peer
         process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     if how == "timeout":

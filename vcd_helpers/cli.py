@@ -156,13 +156,13 @@ def _supervise(argv: list[str]) -> int:
 
     workers, index = tf_config_workers()
     timeout = worker_timeout()
+    received: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: received.append(signum))
     read_end, write_end = os.pipe()
     child = subprocess.Popen([sys.executable, "-m", "vcd_helpers", *argv], pass_fds=(write_end,),
                              env=os.environ | {READY_FD_ENV: str(write_end)})
     os.close(write_end)
-    received: list[int] = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, frame: received.append(signum))
     deadline = time.monotonic() + timeout
     with os.fdopen(read_end, "rb") as ready:
         while not select.select([ready], [], [], 0.2)[0]:

@@ -64,6 +64,8 @@ MODEL_DIR = "model"
 MODEL_PREFIX = "weights"
 PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
 LOCK_FILE = ".lock"
+#: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
+RESULTS_SCHEMA = 2
 CURVE_COLUMNS = ["step", "epoch", "train_seconds", "log_likelihood", "standard_error", "num_examples",
                  "num_samples", "proposal", "eval_seconds"]
 KEPT_CHECKPOINTS = 3
@@ -457,6 +459,7 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
                         f"{mean:.4g}, where a model giving every pixel probability 1/2 scores "
                         f"{COIN_FLIP_LOG_LIKELIHOOD:.1f} nats; lower the learning rate")
     results = {
+        "schema": RESULTS_SCHEMA,
         "name": config.name,
         "method": config.method,
         "steps": config.num_steps,
