@@ -23,7 +23,7 @@ $(STAMP): requirements.txt requirements-data.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 # Executed notebooks are cached in _build/.jupyter_cache: a rebuild after a text edit re-runs nothing.
 # -W turns any warning, including a notebook that failed to execute, into a failed build.

@@ -308,7 +308,7 @@ def test_an_interrupted_run_says_where_it_stopped_and_how_to_resume(tmp_path, co
                                 "--results", str(tmp_path / "run"), "--quiet", "--no-xla"],
                                env=ENV, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists():
+    while not (tmp_path / "run" / "checkpoints" / "checkpoint").exists():  # the index: written last
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     process.send_signal(signum)

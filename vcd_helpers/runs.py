@@ -302,13 +302,24 @@ class LearningCurve:
         return seconds
 
 
+def _checkpoint_files(run: RunDirectory) -> dict[int, str]:
+    """{step: checkpoint path prefix} of the checkpoints on disk, found by their files (the
+    manager's index may be missing, or be written an instant after them)."""
+    return {int(p.name[len("ckpt-"):-len(".index")]): str(p.with_suffix(""))
+            for p in run.checkpoint_dir.glob("ckpt-*.index") if p.name[5:-6].isdigit()}
+
+
+def _newest_checkpoint_name(run: RunDirectory) -> str | None:
+    files = _checkpoint_files(run)
+    return Path(files[max(files)]).name if files else None
+
+
 def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings: list[str]) -> str | None:
     """Restore the newest checkpoint that restores, found from the index or, without one, from
     the files; returns its path (None: no checkpoint, a fresh start). A damaged checkpoint is
     skipped with a warning; a directory whose checkpoints all fail is an error, never a silent
     restart from step 0 that would overwrite them."""
-    candidates = {int(p.name[len("ckpt-"):-len(".index")]): str(p.with_suffix(""))
-                  for p in run.checkpoint_dir.glob("ckpt-*.index") if p.name[5:-6].isdigit()}
+    candidates = _checkpoint_files(run)
     if not candidates:
         return None
     failures = []
@@ -432,7 +443,7 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
         kept = manager.latest_checkpoint or "none yet"
         raise FloatingPointError(f"{error}. The run stopped; its last good checkpoint is {kept}") from None
     except KeyboardInterrupt:
-        kept = manager.latest_checkpoint or "none yet (the run restarts from step 0)"
+        kept = _newest_checkpoint_name(run) or "none yet (the run restarts from step 0)"
         raise RunInterrupted(f"interrupted at step {int(trainer.step.numpy())}; checkpoint {kept} kept; run the "
                              "same command to resume") from None
     finally:
