@@ -83,6 +83,8 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
     b = json.loads((resumed / "results.json").read_text())
     assert a["final_metrics"] == b["final_metrics"]
     assert a["test_log_likelihood"] == b["test_log_likelihood"]
+    np.testing.assert_array_equal(np.load(resumed / "local_baseline.npy"), np.load(uninterrupted / "local_baseline.npy"))
+    assert np.load(resumed / "local_baseline.npy").shape == (1000,)
     for name in ("config.json", "results.json", "metrics.csv"):
         assert (resumed / name).exists()
     assert list((resumed / "tensorboard").glob("events.out.tfevents.*"))

@@ -12,6 +12,7 @@ Layout of a results directory ``DIR``:
     DIR/model/           the final weights alone (``restore_model`` loads them), a few MB
     DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
     DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
+    DIR/local_baseline.npy  the final local control variate (local and scheduled kinds), [50,000]
     DIR/evaluation-*.json  written by ``evaluate_run`` (``python -m vcd_helpers evaluate DIR``)
     DIR/.lock            held (flock) by the process training the run: a second one is refused
 
@@ -63,6 +64,7 @@ LAUNCHES_FILE = "launches.jsonl"
 MODEL_DIR = "model"
 MODEL_PREFIX = "weights"
 PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
+LOCAL_BASELINE_FILE = "local_baseline.npy"
 LOCK_FILE = ".lock"
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
@@ -450,6 +452,9 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
         log.close()
     train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
     tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
+    local_baseline = getattr(getattr(trainer, "control_variate", None), "local_values", None)
+    if local_baseline is not None:  # one value per training image: how stale each one is, in chapter 7
+        write_atomic(run.path / LOCAL_BASELINE_FILE, npy_bytes(local_baseline.numpy()))
 
     evaluation_started = time.perf_counter()
     evaluation = _evaluate(trainer.model, config.evaluation, config)

@@ -1,0 +1,48 @@
+"""Comparing runs: t intervals, paired differences, and reading a finished run back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vcd_helpers import analysis
+from vcd_helpers.config import load_config
+from vcd_helpers.runs import evaluate_run, train_run
+
+
+def test_t_interval_of_three_values():
+    interval = analysis.mean_interval([1.0, 2.0, 3.0])
+    assert analysis.t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-3)
+    assert interval.mean == 2.0 and interval.half_width == pytest.approx(4.3027 / np.sqrt(3), abs=1e-3)
+    with pytest.raises(ValueError, match="need at least two finite numbers"):
+        analysis.mean_interval([1.0])
+
+
+def test_pairing_removes_the_spread_shared_by_both_runs():
+    rng = np.random.default_rng(0)
+    difficulty = rng.normal(-100, 20, size=5000)           # some images are harder for every model
+    a = difficulty + rng.normal(0.0, 1.0, size=5000)
+    b = difficulty + 0.5 + rng.normal(0.0, 1.0, size=5000)  # b is better by 0.5 nats
+    paired = analysis.paired_difference(a, b)
+    assert paired.low < -0.5 < paired.high and paired.half_width < 0.1
+    unpaired = analysis.mean_interval(a).half_width + analysis.mean_interval(b).half_width
+    assert unpaired > 10 * paired.half_width
+    with pytest.raises(ValueError, match="needs the same images"):
+        analysis.paired_difference(a, b[:10])
+
+
+def test_a_finished_run_reads_back_with_its_curve_and_estimates(tmp_path):
+    config = load_config("default").replace(
+        name="small", batch_size=50, train_examples=500, steps=20, log_every_steps=10, checkpoint_every_steps=10,
+        hmc={"num_iterations": 2, "num_leapfrog_steps": 2}, control_variate={"kind": "local"},
+        evaluation={"num_examples": 12, "num_samples": 20, "chunk_size": 20, "burn_in": 2, "kept": 2},
+        curve_every_epochs=1, curve={"num_examples": 6, "num_samples": 10, "chunk_size": 10, "burn_in": 2, "kept": 2})
+    train_run(config, tmp_path / "run", progress=False, jit_compile=False)
+    run = analysis.load_run(tmp_path / "run")
+    assert run.epochs == 2 and list(run.curve["step"]) == [10, 20] and run.per_example.shape == (12,)
+    assert run.evaluation()["per_example"].shape == (12,) and run.local_baseline().shape == (500,)
+    with pytest.raises(FileNotFoundError, match="--proposal encoder"):
+        run.evaluation("encoder")
+    evaluate_run(tmp_path / "run", proposal="encoder")
+    encoder = run.evaluation("encoder")
+    assert encoder["proposal"] == "encoder" and encoder["per_example"].shape == (12,)

@@ -1,0 +1,116 @@
+"""Reading finished runs and comparing them: the numbers chapter 7 reports.
+
+A run is a results directory of the training command (chapter 7 reads the committed copies in
+``results/NAME``). Two kinds of comparison:
+
+- *paired*, on the same test images: the per-image difference of two runs' estimates, its mean
+  and a confidence interval (Student's t over the images). Image-to-image spread (some digits are
+  harder than others) cancels, so a paired interval is far narrower than two separate ones.
+- *across seeds*: the mean and standard deviation of a number over runs that differ only in their
+  seed (initialisation, data order and every random draw), with a t interval for the mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+import tensorflow_probability as tfp
+
+from vcd_helpers.config import Config
+from vcd_helpers.runs import (LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE, RunDirectory, evaluation_file_name,
+                              read_curve, read_launches, read_metrics, read_results)
+
+
+class Interval(NamedTuple):
+    """A mean with a two-sided confidence interval [low, high] from ``n`` values."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+def t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """The ``probability`` quantile of Student's t with the given degrees of freedom."""
+    return float(tfp.distributions.StudentT(df=float(degrees_of_freedom), loc=0.0, scale=1.0)
+                 .quantile(probability).numpy())
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """The mean of ``values`` and its t interval. Raises ValueError for fewer than two finite values."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 1 or len(values) < 2 or not np.all(np.isfinite(values)):
+        raise ValueError(f"values of shape {values.shape} are invalid: need at least two finite numbers")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} is invalid: must lie in (0, 1)")
+    mean = float(values.mean())
+    half = t_quantile(0.5 + confidence / 2, len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half, len(values))
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> Interval:
+    """Mean of ``a - b`` over the same images ([N] each) with its t interval."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"a has shape {a.shape} and b {b.shape}: a paired difference needs the same images")
+    return mean_interval(a - b, confidence)
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """Everything a finished run left in its directory that the book reads.
+
+    ``curve`` and ``per_example`` are None for runs made before the package wrote them."""
+
+    name: str
+    path: Path
+    config: Config
+    results: dict[str, Any]
+    metrics: dict[str, np.ndarray]
+    curve: dict[str, np.ndarray] | None
+    per_example: np.ndarray | None
+    launches: list[dict[str, Any]]
+
+    @property
+    def epochs(self) -> float:
+        return self.config.num_steps / self.config.steps_per_epoch
+
+    def evaluation(self, proposal: str = "hmc_moments") -> dict[str, Any]:
+        """The final test log-likelihood record with ``proposal`` (the configured one is in
+        results.json; the others in evaluation-*.json), with its per-image estimates under
+        'per_example' when stored."""
+        record = self.results["test_log_likelihood"]
+        if record["proposal"] == proposal:
+            return record | {"per_example": self.per_example}
+        path = self.path / evaluation_file_name(dataclasses.replace(self.config.evaluation, proposal=proposal))
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: run {self.name} has no evaluation with proposal {proposal!r}; "
+                                    f"make it with: python -m vcd_helpers evaluate {self.path} --proposal {proposal}")
+        estimates = path.with_suffix(".npy")
+        return json.loads(path.read_text()) | {"per_example": np.load(estimates) if estimates.exists() else None}
+
+    def local_baseline(self) -> np.ndarray | None:
+        """The final per-image control variate [50,000] (local and scheduled runs), or None."""
+        path = self.path / LOCAL_BASELINE_FILE
+        return np.load(path) if path.exists() else None
+
+
+def load_run(directory: str | os.PathLike) -> FinishedRun:
+    """A finished run's files. Raises RunDirectoryError when the run has not finished."""
+    path = Path(directory)
+    config = RunDirectory(path).stored_config()
+    results = read_results(path)
+    curve = read_curve(path) if (path / "learning_curve.csv").exists() else None
+    per_example = np.load(path / PER_EXAMPLE_FILE) if (path / PER_EXAMPLE_FILE).exists() else None
+    return FinishedRun(path.name, path, config, results, read_metrics(path), curve, per_example, read_launches(path))
