@@ -163,3 +163,15 @@ def test_resume_without_config_uses_the_stored_one(tmp_path):
     resolved = resolve_config(_parser().parse_args(["train", "--resume", "--results", str(tmp_path)]))
     assert resolved == config
     assert np.isclose(resolved.optimizer.learning_rate, 5e-4)
+
+
+def test_evaluate_with_ais_checks_the_importance_sampled_number(tmp_path, capsys):
+    config = load_config("default").replace(**(SMALL | {"steps": 20}))
+    results = train_run(config, tmp_path / "run", progress=False, jit_compile=False)
+    assert main(["evaluate", str(tmp_path / "run"), "--ais", "--examples", "20", "--temperatures", "50",
+                 "--chains", "4"]) == 0
+    record = json.loads((tmp_path / "run" / "evaluation-ais-T50-K4-N20.json").read_text())
+    assert record["method"] == "ais" and record["num_examples"] == 20
+    assert np.load(tmp_path / "run" / "evaluation-ais-T50-K4-N20.npy").shape == (20,)
+    # Two estimators of one log p(x) on the same 20 images: close, though both are rough here.
+    assert abs(record["mean"] - results["test_log_likelihood"]["mean"]) < 0.1 * abs(record["mean"])

@@ -77,7 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("results", help="a results directory written by train")
     evaluate.add_argument("--proposal", choices=PROPOSALS, help="default: the run's configured proposal")
     evaluate.add_argument("--samples", type=int, help="importance samples per image (default: the run's)")
-    evaluate.add_argument("--examples", type=int, help="the first N images of the split (default: the run's)")
+    evaluate.add_argument("--examples", type=int, help="the first N images of the split (default: the run's; "
+                                                      "with --ais, 100)")
+    evaluate.add_argument("--ais", action="store_true",
+                          help="annealed importance sampling instead: an independent check of the estimate")
+    evaluate.add_argument("--temperatures", type=int, default=1000, help="AIS: intermediate distributions")
+    evaluate.add_argument("--chains", type=int, default=16, help="AIS: chains per image")
     return parser
 
 
@@ -243,10 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
                   "XLA step in the in-graph loop, as the training command runs it)")
         else:
-            from vcd_helpers.runs import evaluate_run
+            from vcd_helpers.runs import evaluate_run, evaluate_run_ais
 
-            print(json.dumps(evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
-                                          num_examples=args.examples), indent=2))
+            if args.ais:
+                record = evaluate_run_ais(args.results, num_examples=args.examples or 100,
+                                          num_temperatures=args.temperatures, num_chains=args.chains)
+            else:
+                record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
+                                      num_examples=args.examples)
+            print(json.dumps(record, indent=2))
     except FloatingPointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import EvaluationConfig, HMCConfig
+from vcd_helpers.config import EvaluationConfig, HMCConfig, check_positive_int
 from vcd_helpers.hmc import hmc_chain
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import posterior_distribution
@@ -109,6 +109,99 @@ def proposal_for(model: VAE, x: tf.Tensor, evaluation: EvaluationConfig, hmc: HM
         return mean, evaluation.widen * scale
     # A chain that never moved has zero spread; the model's scale floor keeps the proposal proper.
     return mean, evaluation.widen * tf.maximum(std, model.config.min_scale)
+
+
+def sigmoid_schedule(num_temperatures: int, steepness: float = 4.0) -> np.ndarray:
+    """Inverse temperatures 0 = beta_0 < beta_1 < ... < beta_T = 1 ([T + 1] float64), spaced
+    by a sigmoid (Grosse, Maddison & Salakhutdinov 2013): dense at both ends, where the
+    intermediate distributions change fastest."""
+    check_positive_int("num_temperatures", num_temperatures)
+    raw = 1.0 / (1.0 + np.exp(-steepness * np.linspace(-1.0, 1.0, num_temperatures + 1)))
+    return (raw - raw[0]) / (raw[-1] - raw[0])
+
+
+class AISResult(NamedTuple):
+    """log_normalizer [B]: the estimate of log Z; log_weights [K, B]: each chain's log weight;
+    accept_rate: mean acceptance over temperatures; step_size: the adapted step size at the end."""
+
+    log_normalizer: tf.Tensor
+    log_weights: tf.Tensor
+    accept_rate: tf.Tensor
+    step_size: tf.Tensor
+
+
+def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], initial_loc: tf.Tensor,
+                                 initial_scale: tf.Tensor, *, num_temperatures: int, num_chains: int,
+                                 num_leapfrog_steps: int, step_size: float, seed: SeedLike,
+                                 target_accept_rate: float = 0.9, adaptation_rate: float = 0.01) -> AISResult:
+    """Annealed importance sampling (Neal 2001) of log Z = log integral of exp(target(z)) dz, per example.
+
+    Starts ``num_chains`` chains per example from q = N(loc, diag(scale^2)) and moves them
+    through f_t(z) = log q(z) + beta_t (target(z) - log q(z)), t = 1..T (``sigmoid_schedule``),
+    with one HMC iteration of the package's kernel (``hmc_chain``) per temperature, which leaves
+    f_t invariant. Each chain's log weight adds (beta_t - beta_{t-1}) (target(z) - log q(z)) before
+    each move; log Z ~ logsumexp over chains - log K. The estimate is unbiased for Z, so its log
+    is a stochastic lower bound on log Z, like importance sampling's, but it needs no proposal
+    close to the target.
+
+    Args:
+      target_log_prob_fn: z [K, B, D] -> unnormalised log density [K, B] (for a VAE: log p(x, z)).
+      initial_loc, initial_scale: [B, D].
+      num_temperatures: T; num_chains: K; num_leapfrog_steps, step_size: the HMC moves (the step
+        size adapts towards ``target_accept_rate`` after every temperature).
+    """
+    check_positive_int("num_chains", num_chains)
+    betas = tf.constant(sigmoid_schedule(num_temperatures), initial_loc.dtype)
+    init_seed, move_seed = tf.unstack(split_seed(seed, 2))
+    move_seeds = tf.random.experimental.stateless_split(move_seed, num=num_temperatures)
+    start = posterior_distribution(initial_loc, initial_scale)
+    # The latent size stays static where it is known: the model's layers need it.
+    batch, dims = tf.shape(initial_loc)[0], initial_loc.shape[-1] or tf.shape(initial_loc)[1]
+
+    def log_ratio(z):  # target - log q, for states z [K, B, D]
+        return target_log_prob_fn(z) - start.log_prob(z)
+
+    def body(t, z, log_weights, step_size, accept_sum):
+        log_weights = log_weights + (betas[t] - betas[t - 1]) * log_ratio(z)
+        beta = betas[t]
+
+        def annealed(flat):  # f_t on [K B, D], as hmc_chain's chains
+            z = tf.reshape(flat, [num_chains, batch, dims])
+            return tf.reshape(start.log_prob(z) + beta * log_ratio(z), [-1])
+
+        move = hmc_chain(annealed, tf.reshape(z, [-1, dims]), step_size, num_iterations=1,
+                         num_leapfrog_steps=num_leapfrog_steps, seed=move_seeds[t - 1],
+                         target_accept_rate=target_accept_rate, adaptation_rate=adaptation_rate)
+        z = tf.ensure_shape(tf.reshape(move.final_state, [num_chains, batch, dims]), z.shape)
+        return t + 1, z, log_weights, move.step_size, accept_sum + move.accept_rate
+
+    z0 = start.sample(num_chains, seed=init_seed)
+    _, _, log_weights, step_size, accept_sum = tf.while_loop(
+        lambda t, *_: t <= num_temperatures, body,
+        (tf.constant(1), z0, tf.zeros([num_chains, batch], initial_loc.dtype),
+         tf.constant(step_size, initial_loc.dtype), tf.constant(0.0, initial_loc.dtype)))
+    log_normalizer = tf.reduce_logsumexp(log_weights, axis=0) - math.log(num_chains)
+    return AISResult(log_normalizer, log_weights, accept_sum / num_temperatures, step_size)
+
+
+def ais_log_likelihood(model: VAE, images: np.ndarray, hmc: HMCConfig, *, num_temperatures: int,
+                       num_chains: int, seed: SeedLike = 0, batch_size: int = 100) -> np.ndarray:
+    """AIS estimate of log p(x) for each image ([N, 784] -> [N] numpy), from the encoder's
+    q0(z | x) to the posterior p(z | x) (target log p(x, z)), with the HMC kernel and step-size
+    rule of ``hmc``: an independent check of the importance-sampled estimate."""
+
+    @tf.function
+    def estimate(x, batch_seed):
+        loc, scale = model.encoder(x)
+        return annealed_importance_sampling(
+            lambda z: model.log_joint(x, z), loc, scale, num_temperatures=num_temperatures,
+            num_chains=num_chains, num_leapfrog_steps=hmc.num_leapfrog_steps, step_size=hmc.initial_step_size,
+            seed=batch_seed, target_accept_rate=hmc.target_accept_rate,
+            adaptation_rate=hmc.adaptation_rate).log_normalizer
+
+    return np.concatenate([estimate(tf.constant(images[start: start + batch_size], tf.float32),
+                                    fold_in(seed, k)).numpy()
+                           for k, start in enumerate(range(0, len(images), batch_size))])
 
 
 class EvaluationResult(NamedTuple):

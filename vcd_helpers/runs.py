@@ -49,7 +49,7 @@ from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
-from vcd_helpers.evaluation import EvaluationResult, make_evaluator
+from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
 from vcd_helpers.training import build_trainer, fit
@@ -519,20 +519,19 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> Evalu
     return make_evaluator(model, evaluation, config.hmc)(images, config.seed)
 
 
+def _summary(per_example: np.ndarray, split: str) -> dict[str, Any]:
+    """Mean and standard error of per-image estimates; JSON has no Infinity, so a diverged
+    model's are recorded as unknown (None)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = float(per_example.mean())
+        spread = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else math.nan
+    return {"split": split, "mean": mean if math.isfinite(mean) else None,
+            "standard_error": spread if math.isfinite(spread) else None, "num_examples": int(len(per_example))}
+
+
 def _evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -> dict[str, Any]:
-    per_example = result.per_example
-    with np.errstate(invalid="ignore", over="ignore"):  # a diverged model: recorded as unknown below
-        spread = float(per_example.std(ddof=1) / math.sqrt(len(per_example))) if len(per_example) > 1 else None
-    standard_error = spread
-    return {
-        "split": evaluation.split,
-        "mean": result.mean_log_likelihood if math.isfinite(result.mean_log_likelihood) else None,
-        # JSON has no Infinity: a diverged model's mean and spread are recorded as unknown.
-        "standard_error": standard_error if standard_error is not None and math.isfinite(standard_error) else None,
-        "num_examples": int(len(per_example)),
-        "proposal": result.proposal,
-        "num_samples": result.num_samples,
-    }
+    return _summary(result.per_example, evaluation.split) | {"proposal": result.proposal,
+                                                             "num_samples": result.num_samples}
 
 
 def _read_columns(path: Path, *, integers: tuple[str, ...] = ("step",),
@@ -596,18 +595,47 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     evaluation, changed by ``overrides`` (fields of EvaluationConfig: proposal, num_samples,
     num_examples, ...). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
     every image beside it (.npy); returns the record."""
-    model, config, step = restore_model(results_dir)
-    if not os.access(results_dir, os.W_OK):
-        raise RunDirectoryError(f"{results_dir} is not writable: the evaluation could not be saved there; "
-                                "make it writable, or copy the run to a writable directory first")
+    model, config, step = _restore_writable(results_dir)
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
     evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
     started = time.perf_counter()
     result = _evaluate(model, evaluation, config)
-    record = _evaluation_record(result, evaluation) | {"checkpoint_step": step,
-                                                       "seconds": round(time.perf_counter() - started, 2),
-                                                       "cpu_model": cpu_model(), "code": code_version()}
-    path = Path(results_dir) / evaluation_file_name(evaluation)
-    write_atomic(path.with_suffix(".npy"), npy_bytes(result.per_example.astype(np.float32)))
+    record = _evaluation_record(result, evaluation)
+    return _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation), record, result.per_example, step,
+                            time.perf_counter() - started)
+
+
+def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100, num_temperatures: int = 1000,
+                     num_chains: int = 16) -> dict[str, Any]:
+    """The annealed importance sampling estimate of log p(x) (``evaluation.ais_log_likelihood``)
+    of the first ``num_examples`` images of the run's evaluation split, with the run's HMC
+    settings: an independent check of the importance-sampled number. Writes
+    evaluation-ais-T{temperatures}-K{chains}-N{examples}.json and .npy; returns the record."""
+    model, config, step = _restore_writable(results_dir)
+    check_positive_int("num_examples", num_examples)
+    images = load_binarized_mnist(config.evaluation.split)[:num_examples]
+    started = time.perf_counter()
+    per_example = ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
+                                     num_chains=num_chains, seed=config.seed)
+    record = _summary(per_example, config.evaluation.split) | {"method": "ais", "num_temperatures": num_temperatures,
+                                                               "num_chains": num_chains}
+    name = f"evaluation-ais-T{num_temperatures}-K{num_chains}-N{len(images)}.json"
+    return _save_evaluation(Path(results_dir) / name, record, per_example, step, time.perf_counter() - started)
+
+
+def _restore_writable(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
+    """``restore_model``, after checking that the evaluation it serves can be saved there."""
+    model, config, step = restore_model(results_dir)
+    if not os.access(results_dir, os.W_OK):
+        raise RunDirectoryError(f"{results_dir} is not writable: the evaluation could not be saved there; "
+                                "make it writable, or copy the run to a writable directory first")
+    return model, config, step
+
+
+def _save_evaluation(path: Path, record: dict[str, Any], per_example: np.ndarray, step: int,
+                     seconds: float) -> dict[str, Any]:
+    record = record | {"checkpoint_step": step, "seconds": round(seconds, 2), "cpu_model": cpu_model(),
+                       "code": code_version()}
+    write_atomic(path.with_suffix(".npy"), npy_bytes(per_example.astype(np.float32)))
     write_atomic(path, json.dumps(record, indent=2) + "\n")
     return record
