@@ -32,11 +32,8 @@ def test_pairing_removes_the_spread_shared_by_both_runs():
 
 
 def test_a_finished_run_reads_back_with_its_curve_and_estimates(tmp_path):
-    config = load_config("default").replace(
-        name="small", batch_size=50, train_examples=500, steps=20, log_every_steps=10, checkpoint_every_steps=10,
-        hmc={"num_iterations": 2, "num_leapfrog_steps": 2}, control_variate={"kind": "local"},
-        evaluation={"num_examples": 12, "num_samples": 20, "chunk_size": 20, "burn_in": 2, "kept": 2},
-        curve_every_epochs=1, curve={"num_examples": 6, "num_samples": 10, "chunk_size": 10, "burn_in": 2, "kept": 2})
+    config = load_config("tiny", train_examples=500, steps=20, checkpoint_every_steps=10, curve_every_epochs=1,
+                         control_variate={"kind": "local"}, evaluation={"num_examples": 12})
     train_run(config, tmp_path / "run", progress=False, jit_compile=False)
     run = analysis.load_run(tmp_path / "run")
     assert run.epochs == 2 and list(run.curve["step"]) == [10, 20] and run.per_example.shape == (12,)

@@ -174,12 +174,9 @@ def test_two_workers_over_loopback_train_the_same_model(tmp_path):
     """The training command under MultiWorkerMirroredStrategy: two processes, one replica each,
     all-reducing over gRPC on 127.0.0.1. Each worker sees only the other's gradients through the
     all-reduce, so equal metrics on both prove the reduction ran."""
-    config = load_config("default").replace(name="two_workers", batch_size=20, train_examples=200, steps=6,
-                                            log_every_steps=2, checkpoint_every_steps=2,
-                                            hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
-                                            control_variate={"kind": "global"},
-                                            evaluation={"num_examples": 4, "num_samples": 8, "chunk_size": 8,
-                                                        "burn_in": 2, "kept": 2})
+    config = load_config("tiny", name="two_workers", batch_size=20, train_examples=200, steps=6, log_every_steps=2,
+                         checkpoint_every_steps=2, control_variate={"kind": "global"},
+                         evaluation={"num_examples": 4, "num_samples": 8, "chunk_size": 8, "burn_in": 2, "kept": 2})
     config_file = tmp_path / "config.json"
     config_file.write_text(config.to_json())
     cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}

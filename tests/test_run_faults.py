@@ -24,19 +24,13 @@ from vcd_helpers.cli import main
 from vcd_helpers.config import load_config
 from vcd_helpers.runs import RunDirectory, RunDirectoryError, train_run
 
-SMALL = dict(
-    name="small", batch_size=50, train_examples=1000, steps=40, log_every_steps=10, checkpoint_every_steps=20,
-    hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
-    control_variate={"kind": "scheduled", "switch_step": 30},
-    evaluation={"num_examples": 20, "num_samples": 50, "chunk_size": 50, "burn_in": 4, "kept": 4},
-)
 ENV = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("config") / "small.json"
-    path.write_text(load_config("default").replace(**SMALL).to_json())
+    path.write_text(load_config("tiny").to_json())
     return path
 
 

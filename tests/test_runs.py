@@ -18,20 +18,14 @@ from vcd_helpers.cli import _parser, main, resolve_config
 from vcd_helpers.config import load_config
 from vcd_helpers.runs import RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches, train_run
 
-# Small but complete: every piece of state a checkpoint must carry is exercised (local control
-# variates across the scheduled switch, adapted step size, optimiser slots, data position).
-SMALL = dict(
-    name="small", batch_size=50, train_examples=1000, steps=200, log_every_steps=10, checkpoint_every_steps=20,
-    hmc={"num_iterations": 2, "num_leapfrog_steps": 2},
-    control_variate={"kind": "scheduled", "switch_step": 30},
-    evaluation={"num_examples": 20, "num_samples": 50, "chunk_size": 50, "burn_in": 4, "kept": 4},
-    curve_every_epochs=2.5,  # 20 steps an epoch: the learning curve at steps 50, 100, 150, 200
-    curve={"num_examples": 10, "num_samples": 20, "chunk_size": 20, "burn_in": 2, "kept": 2},
-)
+# The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
+# (local control variates across the scheduled switch, adapted step size, optimiser slots, data
+# position). 20 steps an epoch: the learning curve at steps 50, 100, 150, 200.
+SMALL = dict(steps=200, curve_every_epochs=2.5)
 
 
 def _write_config(path: Path, **overrides) -> Path:
-    config = load_config("default").replace(**(SMALL | overrides))
+    config = load_config("tiny").replace(**(SMALL | overrides))
     path.write_text(config.to_json())
     return path
 
@@ -92,7 +86,7 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
 
 
 def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path):
-    config = load_config("default").replace(**(SMALL | {"steps": 20}))
+    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
     results = train_run(config, tmp_path / "run", progress=False)
     recomputed = evaluate_run(tmp_path / "run")
     assert recomputed["checkpoint_step"] == 20
@@ -105,7 +99,7 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path)
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     # A learning rate of 1e30 throws the weights to ~1e30 after the first update: the second
     # step overflows.
-    config = load_config("default").replace(**(SMALL | {"steps": 10, "log_every_steps": 1,
+    config = load_config("tiny").replace(**(SMALL | {"steps": 10, "log_every_steps": 1,
                                                         "checkpoint_every_steps": 1,
                                                         "optimizer": {"learning_rate": 1e30}}))
     with pytest.raises(FloatingPointError, match=r"is (nan|inf|-inf) at step 2.*last good checkpoint is .*ckpt-1"):
@@ -166,7 +160,7 @@ def test_resume_without_config_uses_the_stored_one(tmp_path):
 
 
 def test_evaluate_with_ais_checks_the_importance_sampled_number(tmp_path, capsys):
-    config = load_config("default").replace(**(SMALL | {"steps": 20}))
+    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
     results = train_run(config, tmp_path / "run", progress=False, jit_compile=False)
     assert main(["evaluate", str(tmp_path / "run"), "--ais", "--examples", "20", "--temperatures", "50",
                  "--chains", "4"]) == 0

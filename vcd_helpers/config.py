@@ -7,7 +7,8 @@ ValueError that names the field, the value and what is allowed.
 
 Presets are JSON files in ``presets/`` holding only the fields that differ from the defaults:
 ``default`` (the paper), ``global_cv``, ``bs_experiment`` (batch size from the user, learning
-rate from the tuned table) and ``test`` (one short epoch). ``load_config`` reads a preset by
+rate from the tuned table), ``test`` (one short epoch) and ``tiny`` (40 steps of a tiny model on
+1,000 images, every piece of a run's state exercised: the tests' and demos' run). ``load_config`` reads a preset by
 name or a JSON file by path and applies overrides.
 
 Run profiles size the *notebooks* (how many steps a chapter trains, how many importance samples
