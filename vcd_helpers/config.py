@@ -107,6 +107,13 @@ class HMCConfig:
         _fraction("hmc.target_accept_rate", self.target_accept_rate)
         _positive_float("hmc.adaptation_rate", self.adaptation_rate)
 
+    def kernel_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``hmc.hmc_chain`` (and of the samplers built on it) that set
+        its kernel: leapfrog steps per iteration, acceptance target and adaptation rate. The
+        chain's length and starting step size depend on the use, so the caller passes them."""
+        return {"num_leapfrog_steps": self.num_leapfrog_steps, "target_accept_rate": self.target_accept_rate,
+                "adaptation_rate": self.adaptation_rate}
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:

@@ -101,10 +101,7 @@ def proposal_for(model: VAE, x: tf.Tensor, evaluation: EvaluationConfig, hmc: HM
     if evaluation.proposal == "encoder":
         return loc, evaluation.widen * scale
     mean, std = hmc_posterior_moments(model, x, burn_in=evaluation.burn_in, kept=evaluation.kept,
-                                      step_size=hmc.initial_step_size,
-                                      num_leapfrog_steps=hmc.num_leapfrog_steps, seed=seed,
-                                      target_accept_rate=hmc.target_accept_rate,
-                                      adaptation_rate=hmc.adaptation_rate)
+                                      step_size=hmc.initial_step_size, seed=seed, **hmc.kernel_arguments())
     if evaluation.proposal == "hmc_mean":
         return mean, evaluation.widen * scale
     # A chain that never moved has zero spread; the model's scale floor keeps the proposal proper.
@@ -195,9 +192,8 @@ def ais_log_likelihood(model: VAE, images: np.ndarray, hmc: HMCConfig, *, num_te
         loc, scale = model.encoder(x)
         return annealed_importance_sampling(
             lambda z: model.log_joint(x, z), loc, scale, num_temperatures=num_temperatures,
-            num_chains=num_chains, num_leapfrog_steps=hmc.num_leapfrog_steps, step_size=hmc.initial_step_size,
-            seed=batch_seed, target_accept_rate=hmc.target_accept_rate,
-            adaptation_rate=hmc.adaptation_rate).log_normalizer
+            num_chains=num_chains, step_size=hmc.initial_step_size, seed=batch_seed,
+            **hmc.kernel_arguments()).log_normalizer
 
     return np.concatenate([estimate(tf.constant(images[start: start + batch_size], tf.float32),
                                     fold_in(seed, k)).numpy()

@@ -97,8 +97,7 @@ class VCDTrainer(tf.Module):
         """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings."""
         hmc = self.config.hmc
         return hmc_chain(lambda z: self.model.log_joint(x, z), z0, step_size, num_iterations=hmc.num_iterations,
-                         num_leapfrog_steps=hmc.num_leapfrog_steps, seed=seed,
-                         target_accept_rate=hmc.target_accept_rate, adaptation_rate=hmc.adaptation_rate)
+                         seed=seed, **hmc.kernel_arguments())
 
     def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """One draw of the VCD gradient estimator, without changing any state.
