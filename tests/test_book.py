@@ -27,6 +27,9 @@ def test_the_built_book_renders_in_chromium(tmp_path):
     pytest.importorskip("playwright", reason="playwright is not installed; the browser check cannot run")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["execute"]["execute_notebooks"] = "off"  # render the committed outputs
+    # Paths in a config file are relative to it: this one lives elsewhere.
+    extensions = config["sphinx"].get("local_extensions", {})
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / path) for name, path in extensions.items()}
     config_file = tmp_path / "_config.yml"
     config_file.write_text(yaml.safe_dump(config))
     build = subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config", str(config_file),

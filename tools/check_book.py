@@ -3,8 +3,8 @@
     .venv/bin/python tools/check_book.py [_build/html]
 
 For every page in _toc.yml: the page renders with a heading, every image loads, every internal
-link points at a file of the book (and same-page anchors exist), and no error text (a Python
-traceback, an error output) appears. Prints each problem and exits 1 if there are any. Needs
+link points at a file of the book (and same-page anchors exist), no error text (a Python
+traceback, an error output) appears, and no script on the page raises. Prints each problem and exits 1 if there are any. Needs
 ``playwright`` (pip) and a Chromium binary (Debian: ``apt-get install chromium``); runs it with
 --headless --no-sandbox --disable-gpu and no background networking.
 """
@@ -76,13 +76,17 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page()
+        script_errors: list[str] = []
+        page.on("pageerror", lambda error: script_errors.append(str(error).splitlines()[0]))
         for name in pages:
             path = html_dir / f"{name}.html"
             if not path.exists():
                 problems.append(f"{name}: page missing ({path})")
                 continue
+            script_errors.clear()
             page.goto(path.as_uri(), wait_until="load")
             facts = page.evaluate(_PAGE_FACTS)
+            problems += [f"{name}: script error: {error}" for error in script_errors]
             if not facts["heading"].strip():
                 problems.append(f"{name}: no heading rendered")
             for image in facts["images"]:
