@@ -14,7 +14,7 @@ import sys
 from IPython.display import Code
 
 from vcd_helpers.config import active_profile
-from vcd_helpers.devices import package_versions
+from vcd_helpers.devices import code_version, cpu_model, package_versions
 
 WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", "matplotlib",
                       "ipywidgets", "jupyter-book", "vcd_helpers")
@@ -26,10 +26,14 @@ def show_source(obj: object) -> Code:
 
 
 def watermark() -> str:
-    """Date, machine, Python and package versions, and the active run profile."""
+    """Date, the code's git commit, machine and CPU, Python and package versions, and the active
+    run profile."""
+    code = code_version()
+    commit = (code["commit"] or "unknown") + (" with uncommitted changes" if code["dirty"] else "")
     lines = [
         f"Last run: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"Machine: {platform.machine()} {platform.system()}, Python {sys.version.split()[0]}",
+        f"Code: git commit {commit}",
+        f"Machine: {platform.machine()} {platform.system()} ({cpu_model()}), Python {sys.version.split()[0]}",
         f"Run profile: {active_profile().name}",
     ]
     for package, version in package_versions(WATERMARK_PACKAGES).items():
