@@ -336,3 +336,28 @@ def test_a_run_that_diverges_without_nan_is_flagged(tmp_path, config_file):
     assert results["final_metrics"]["decoder_loss"] > 1e6
     assert any(w.startswith("the run diverged: its final decoder_loss is") for w in results["warnings"])
     assert results["warnings"] == json.loads((tmp_path / "run" / "results.json").read_text())["warnings"]
+
+
+# Every resume compares the rows it writes again with the ones they replace ---------------------
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tamper, capsys):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    for path in (run / "checkpoints").glob("ckpt-40.*"):
+        path.unlink()  # resume from step 20: rows 30 and 40 are computed again
+    if tamper:  # as if the code had changed the arithmetic since the row was written
+        lines = (run / "metrics.csv").read_text().splitlines()
+        fields = lines[3].split(",")
+        assert fields[0] == "30"
+        fields[3] = repr(float(fields[3]) * 1.001)
+        (run / "metrics.csv").write_text("\n".join([*lines[:3], ",".join(fields), *lines[4:]]) + "\n")
+    train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    check = json.loads((run / "resume_checks.jsonl").read_text().splitlines()[-1])
+    assert check["resumed_from"] == 20 and check["rows_compared"] == 2
+    err = capsys.readouterr().err
+    if tamper:
+        assert not check["identical"] and check["max_relative_difference"] == pytest.approx(1e-3, rel=1e-3)
+        assert "2 row(s) after step 20 written again, DIFFERENT" in err
+    else:
+        assert check["identical"] and "written again, identical" in err

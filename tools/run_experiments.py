@@ -48,7 +48,7 @@ from vcd_helpers.runs import RunDirectory, evaluation_file_name  # noqa: E402
 RESULTS = ROOT / "results"
 CURVE = ("--curve-every-epochs", "25")
 SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
-               "per_example_log_likelihood.npy", "local_baseline.npy")
+               "per_example_log_likelihood.npy", "local_baseline.npy", "resume_checks.jsonl")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Layout of a results directory ``DIR``:
     DIR/learning_curve.csv  the periodic evaluation (``curve_every_epochs``): step, epoch, training
                          seconds so far and the test log-likelihood on a fixed subset
     DIR/launches.jsonl   one line per process that trained the run: time, start step, code commit, CPU
+    DIR/resume_checks.jsonl  per resume: the rows written again against the ones they replaced
     DIR/model/           the final weights alone (``restore_model`` loads them), a few MB
     DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
     DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
@@ -65,6 +66,7 @@ MODEL_DIR = "model"
 MODEL_PREFIX = "weights"
 PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
 LOCAL_BASELINE_FILE = "local_baseline.npy"
+RESUME_CHECKS_FILE = "resume_checks.jsonl"
 LOCK_FILE = ".lock"
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
@@ -214,11 +216,11 @@ class RunDirectory:
                 + ". Use a new --results directory, or the same options to resume that run.")
 
 
-def keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
+def keep_rows_up_to(path: Path, columns: list[str], step: int) -> list[list[str]]:
     """Drop the rows of a CSV file (first column: step) written after ``step``: a run resumed
-    from the checkpoint at ``step`` writes them again, identically."""
+    from the checkpoint at ``step`` writes them again, identically. Returns the dropped rows."""
     if not path.exists():
-        return
+        return []
     with open(path, newline="") as f:
         rows = [(number, row) for number, row in enumerate(csv.reader(f), start=1) if row]
     if not rows or rows[0][1] != columns:
@@ -232,15 +234,23 @@ def keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
     buffer = io.StringIO()
     csv.writer(buffer).writerows(kept)
     write_atomic(path, buffer.getvalue())
+    return [row for _, row in rows[1:] if int(row[0]) > step]
 
 
 class MetricsLog:
-    """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics."""
+    """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics.
+
+    A resumed run writes again the rows its previous process wrote after the checkpoint; each
+    such row is compared with the one it replaces (``resume_check``): resume is exact, so they
+    must agree, also after the code changed in between (up to float round-off, if the change
+    touched the arithmetic)."""
 
     def __init__(self, run: RunDirectory, names: list[str], resume_step: int):
         self.names = names
         self.columns = ["step", "wall_time", *names]
-        keep_rows_up_to(run.metrics_file, self.columns, resume_step)
+        self.replaced = {int(row[0]): row for row in keep_rows_up_to(run.metrics_file, self.columns, resume_step)}
+        self.compared = 0
+        self.max_relative_difference = 0.0
         new_file = not run.metrics_file.exists()
         self.file = open(run.metrics_file, "a", newline="")
         self.writer = csv.writer(self.file)
@@ -256,7 +266,14 @@ class MetricsLog:
     def write(self, step: int, wall_time: float) -> dict[str, float]:
         """Close the window at ``step``: one CSV row and TensorBoard scalars of the means."""
         means = {name: float(np.mean(values)) for name, values in self.window.items()}
-        self.writer.writerow([step, f"{wall_time:.3f}", *(f"{means[n]:.7g}" for n in self.names)])
+        row = [str(step), f"{wall_time:.3f}", *(f"{means[n]:.7g}" for n in self.names)]
+        if step in self.replaced:  # skip the wall time: only the numbers must agree
+            old = np.array(self.replaced.pop(step)[2:], dtype=np.float64)
+            new = np.array(row[2:], dtype=np.float64)
+            difference = np.abs(new - old) / np.maximum(np.abs(old), np.finfo(np.float64).tiny)
+            self.compared += 1
+            self.max_relative_difference = max(self.max_relative_difference, float(np.max(difference, initial=0.0)))
+        self.writer.writerow(row)
         self.file.flush()
         with self.summaries.as_default(step=step):
             for name, value in means.items():
@@ -264,6 +281,13 @@ class MetricsLog:
             tf.summary.scalar("wall_time", wall_time)
         self.window = {name: [] for name in self.names}
         return means
+
+    def resume_check(self) -> dict[str, Any] | None:
+        """How the rows written again compare with the ones they replaced (None: none were)."""
+        if not self.compared:
+            return None
+        return {"rows_compared": self.compared, "identical": self.max_relative_difference == 0.0,
+                "max_relative_difference": self.max_relative_difference}
 
     def close(self) -> None:
         self.file.close()
@@ -345,6 +369,20 @@ def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: l
               "warnings": warnings}
     with open(run.launches_file, "a") as f:
         f.write(json.dumps(launch) + "\n")
+
+
+def _record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any] | None) -> None:
+    """Append the comparison of the rows this process wrote again (``MetricsLog``) to
+    resume_checks.jsonl, and say it: the long runs test every change of the code this way."""
+    if check is None:
+        return
+    check = {"resumed_from": start_step, **check, "code": code_version()["commit"]}
+    with open(run.path / RESUME_CHECKS_FILE, "a") as f:
+        f.write(json.dumps(check) + "\n")
+    verdict = ("identical" if check["identical"]
+               else f"DIFFERENT, by up to {check['max_relative_difference']:.2g} (relative)")
+    print(f"resume check: {check['rows_compared']} row(s) after step {start_step} written again, {verdict}",
+          file=sys.stderr, flush=True)
 
 
 def read_launches(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -450,6 +488,7 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
                              "same command to resume") from None
     finally:
         log.close()
+        _record_resume_check(run, start_step, log.resume_check())
     train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
     tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
     local_baseline = getattr(getattr(trainer, "control_variate", None), "local_values", None)
