@@ -6,7 +6,6 @@ import hashlib
 import http.server
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

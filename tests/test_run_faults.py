@@ -22,7 +22,7 @@ import tensorflow as tf
 from vcd_helpers import data, runs
 from vcd_helpers.cli import main
 from vcd_helpers.config import load_config
-from vcd_helpers.runs import RunDirectory, RunDirectoryError, train_run
+from vcd_helpers.runs import RunDirectory, train_run
 
 ENV = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
 

@@ -324,7 +324,6 @@ class PipelinedVCDTrainer(VCDTrainer):
             return [log_likelihood]
 
         def backward(stage: int, m: int) -> list[tf.Tensor]:
-            x_m = x[m * b:(m + 1) * b]
             if stage == 2:
                 tape, log_likelihood = state["decoder", m]
                 decoder_loss = -tf.reduce_sum(log_likelihood)
