@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -245,12 +245,16 @@ class MetricsLog:
     must agree, also after the code changed in between (up to float round-off, if the change
     touched the arithmetic)."""
 
-    def __init__(self, run: RunDirectory, names: list[str], resume_step: int):
+    def __init__(self, run: RunDirectory, names: list[str], resume_step: int,
+                 on_replayed: Callable[[dict[str, Any]], None] | None = None):
+        """``on_replayed(resume_check())`` is called once, as soon as every replaced row has been
+        written again (or at ``close`` for those that were), so a later kill cannot lose it."""
         self.names = names
         self.columns = ["step", "wall_time", *names]
         self.replaced = {int(row[0]): row for row in keep_rows_up_to(run.metrics_file, self.columns, resume_step)}
         self.compared = 0
         self.max_relative_difference = 0.0
+        self.on_replayed = on_replayed
         new_file = not run.metrics_file.exists()
         self.file = open(run.metrics_file, "a", newline="")
         self.writer = csv.writer(self.file)
@@ -273,6 +277,8 @@ class MetricsLog:
             difference = np.abs(new - old) / np.maximum(np.abs(old), np.finfo(np.float64).tiny)
             self.compared += 1
             self.max_relative_difference = max(self.max_relative_difference, float(np.max(difference, initial=0.0)))
+            if not self.replaced:
+                self._report()
         self.writer.writerow(row)
         self.file.flush()
         with self.summaries.as_default(step=step):
@@ -289,7 +295,13 @@ class MetricsLog:
         return {"rows_compared": self.compared, "identical": self.max_relative_difference == 0.0,
                 "max_relative_difference": self.max_relative_difference}
 
+    def _report(self) -> None:
+        check, self.compared = self.resume_check(), 0  # reported once
+        if check is not None and self.on_replayed is not None:
+            self.on_replayed(check)
+
     def close(self) -> None:
+        self._report()
         self.file.close()
         self.summaries.close()
 
@@ -371,11 +383,9 @@ def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: l
         f.write(json.dumps(launch) + "\n")
 
 
-def _record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any] | None) -> None:
+def _record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any]) -> None:
     """Append the comparison of the rows this process wrote again (``MetricsLog``) to
     resume_checks.jsonl, and say it: the long runs test every change of the code this way."""
-    if check is None:
-        return
     check = {"resumed_from": start_step, **check, "code": code_version()["commit"]}
     with open(run.path / RESUME_CHECKS_FILE, "a") as f:
         f.write(json.dumps(check) + "\n")
@@ -458,7 +468,8 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
 
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)
-    log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step)
+    log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step,
+                     on_replayed=lambda check: _record_resume_check(run, start_step, check))
     curve = LearningCurve(run, config, trainer.model, start_step) if config.curve_every_steps else None
     started = time.perf_counter()
     curve_seconds = 0.0  # this process's evaluations, kept off the training clock
@@ -488,7 +499,6 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
                              "same command to resume") from None
     finally:
         log.close()
-        _record_resume_check(run, start_step, log.resume_check())
     train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
     tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
     local_baseline = getattr(getattr(trainer, "control_variate", None), "local_values", None)
