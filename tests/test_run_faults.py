@@ -361,3 +361,37 @@ def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tampe
         assert "2 row(s) after step 20 written again, DIFFERENT" in err
     else:
         assert check["identical"] and "written again, identical" in err
+
+
+# A long evaluation killed part-way resumes from its last finished batch -----------------------
+
+def test_an_evaluation_killed_between_batches_resumes_with_the_same_numbers(tmp_path, finished, monkeypatch):
+    whole = runs.evaluate_run(_copy(finished, tmp_path / "whole"), batch_size=5)  # 20 images: 4 batches
+    run = _copy(finished, tmp_path / "killed")
+    saved, real_write = [], runs.write_atomic
+
+    def write_then_die(path, data):
+        real_write(path, data)
+        saved.append(Path(path).name)
+        if len(saved) == 2:
+            raise KeyboardInterrupt  # as a kill would, after the second batch
+    monkeypatch.setattr(runs, "write_atomic", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runs.evaluate_run(run, batch_size=5)
+    assert saved == ["batch-00000.npz", "batch-00001.npz"]
+    monkeypatch.undo()
+
+    computed = []
+    real_evaluator = runs.make_evaluator
+    def counting_evaluator(*args):
+        evaluate = real_evaluator(*args)
+        def counted(images, seed, *, done, on_batch):
+            return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
+        return counted
+    monkeypatch.setattr(runs, "make_evaluator", counting_evaluator)
+    resumed = runs.evaluate_run(run, batch_size=5)
+    assert computed == [2, 3]
+    name = "evaluation-hmc_moments-S50-N20"
+    np.testing.assert_array_equal(np.load(run / f"{name}.npy"), np.load(tmp_path / "whole" / "run" / f"{name}.npy"))
+    assert resumed["mean"] == whole["mean"] and resumed["seconds"] > 0
+    assert not (run / runs.PARTIAL_DIR).exists()

@@ -19,7 +19,7 @@ and standard deviation (the reference adapts during burn-in only).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -214,7 +214,12 @@ def make_evaluator(model: VAE, evaluation: EvaluationConfig,
     """A function ``(images [N, 784], seed) -> EvaluationResult`` computing the importance-sampled
     log-likelihood of the first ``evaluation.num_examples`` images (all when unset), in batches of
     ``evaluation.batch_size``. Its graph is traced once, so a run that evaluates itself
-    periodically (the learning curve) does not trace and optimise it again each time."""
+    periodically (the learning curve) does not trace and optimise it again each time.
+
+    Batch ``k`` draws from ``fold_in(seed, k)`` alone, so batches can be computed in separate
+    processes: ``evaluate(images, seed, done={k: estimates}, on_batch=save)`` takes the batches in
+    ``done`` as they are (when their length fits) and hands each one it computes to ``on_batch``,
+    which is how a run killed during its final evaluation resumes it (``runs``)."""
 
     @tf.function
     def estimate(x, batch_seed):
@@ -224,13 +229,20 @@ def make_evaluator(model: VAE, evaluation: EvaluationConfig,
                                                  num_samples=evaluation.num_samples,
                                                  chunk_size=evaluation.chunk_size, seed=sample_seed)
 
-    def evaluate(images: np.ndarray, seed: SeedLike = 0) -> EvaluationResult:
+    def evaluate(images: np.ndarray, seed: SeedLike = 0, *, done: Mapping[int, np.ndarray] | None = None,
+                 on_batch: Callable[[int, np.ndarray], None] | None = None) -> EvaluationResult:
         if evaluation.num_examples is not None:
             images = images[: evaluation.num_examples]
+        done = done or {}
         estimates = []
         for k, start in enumerate(range(0, len(images), evaluation.batch_size)):
-            x = tf.constant(images[start: start + evaluation.batch_size], tf.float32)
-            estimates.append(estimate(x, fold_in(seed, k)).numpy())
+            x = images[start: start + evaluation.batch_size]
+            if k in done and done[k].shape == (len(x),):
+                estimates.append(done[k])
+                continue
+            estimates.append(estimate(tf.constant(x, tf.float32), fold_in(seed, k)).numpy())
+            if on_batch is not None:
+                on_batch(k, estimates[-1])
         per_example = np.concatenate(estimates)
         return EvaluationResult(float(per_example.mean()), per_example, evaluation.proposal, evaluation.num_samples)
 

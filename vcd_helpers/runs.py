@@ -15,6 +15,7 @@ Layout of a results directory ``DIR``:
     DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
     DIR/local_baseline.npy  the final local control variate (local and scheduled kinds), [50,000]
     DIR/evaluation-*.json  written by ``evaluate_run`` (``python -m vcd_helpers evaluate DIR``)
+    DIR/partial/         the batches of an evaluation in progress, so that a killed one resumes
     DIR/.lock            held (flock) by the process training the run: a second one is refused
 
 A checkpoint holds everything a run needs to continue exactly: the weights, the optimisers'
@@ -32,12 +33,15 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
+import hashlib
 import io
 import json
 import math
 import os
+import shutil
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,6 +72,7 @@ PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
 LOCAL_BASELINE_FILE = "local_baseline.npy"
 RESUME_CHECKS_FILE = "resume_checks.jsonl"
 LOCK_FILE = ".lock"
+PARTIAL_DIR = "partial"
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
 CURVE_COLUMNS = ["step", "epoch", "train_seconds", "log_likelihood", "standard_error", "num_examples",
@@ -505,9 +510,8 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     if local_baseline is not None:  # one value per training image: how stale each one is, in chapter 7
         write_atomic(run.path / LOCAL_BASELINE_FILE, npy_bytes(local_baseline.numpy()))
 
-    evaluation_started = time.perf_counter()
-    evaluation = _evaluate(trainer.model, config.evaluation, config)
-    evaluation_seconds = time.perf_counter() - evaluation_started
+    evaluation, evaluation_seconds = _evaluate(trainer.model, config.evaluation, config, run.path,
+                                               int(trainer.step.numpy()))
     write_atomic(run.path / PER_EXAMPLE_FILE, npy_bytes(evaluation.per_example.astype(np.float32)))
     try:
         metrics = read_metrics(run.path)
@@ -563,9 +567,49 @@ def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:
     return round(float(np.median(rates)), 2)
 
 
-def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config) -> EvaluationResult:
+def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_dir: Path,
+              step: int) -> tuple[EvaluationResult, float]:
+    """The evaluation of the model at ``step``, and the seconds it took over every process that
+    worked on it. Each batch is saved as it finishes (in ``DIR/partial/``, removed at the end): the
+    full protocol takes tens of minutes on a CPU, and a run killed during it resumes from its last
+    batch with the same numbers (batch k's draws depend on the seed and k alone)."""
+    key = {"evaluation": dataclasses.asdict(evaluation), "hmc": dataclasses.asdict(config.hmc),
+           "seed": config.seed, "step": step}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    partial = results_dir / PARTIAL_DIR / f"{Path(evaluation_file_name(evaluation)).stem}-{digest}"
+    done, seconds_before = _read_partial(partial)
+    started = last = time.perf_counter()
+
+    def save(k: int, estimates: np.ndarray) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        partial.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        np.savez(buffer, estimates=estimates, seconds=now - last)
+        write_atomic(partial / f"batch-{k:05d}.npz", buffer.getvalue())
+        last = now
+
     images = load_binarized_mnist(evaluation.split)
-    return make_evaluator(model, evaluation, config.hmc)(images, config.seed)
+    result = make_evaluator(model, evaluation, config.hmc)(images, config.seed, done=done, on_batch=save)
+    seconds = seconds_before + time.perf_counter() - started
+    shutil.rmtree(partial, ignore_errors=True)
+    with contextlib.suppress(OSError):  # other evaluations may still be in progress there
+        partial.parent.rmdir()
+    return result, seconds
+
+
+def _read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
+    """The batches an interrupted evaluation saved, and the seconds they took; a damaged file is skipped
+    (its batch is computed again)."""
+    done, seconds = {}, 0.0
+    for file in sorted(partial.glob("batch-*.npz")):
+        try:
+            with np.load(file) as saved:
+                done[int(file.stem.removeprefix("batch-"))] = saved["estimates"]
+                seconds += float(saved["seconds"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            continue
+    return done, seconds
 
 
 def _summary(per_example: np.ndarray, split: str) -> dict[str, Any]:
@@ -647,11 +691,10 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     model, config, step = _restore_writable(results_dir)
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
     evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
-    started = time.perf_counter()
-    result = _evaluate(model, evaluation, config)
+    result, seconds = _evaluate(model, evaluation, config, Path(results_dir), step)
     record = _evaluation_record(result, evaluation)
     return _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation), record, result.per_example, step,
-                            time.perf_counter() - started)
+                            seconds)
 
 
 def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100, num_temperatures: int = 1000,
