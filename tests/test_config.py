@@ -28,7 +28,7 @@ def test_every_preset_loads(name):
 
 def test_preset_specifics():
     assert load_config("global_cv").control_variate.kind == "global"
-    assert load_config("test").num_steps == 500
+    assert load_config("smoke").num_steps == 500
     bs = load_config("bs_experiment", batch_size=1024)
     assert bs.learning_rates["decoder"] == 1.3e-3 and bs.learning_rates["encoder_scale"] == 6.5e-4
     assert bs.lr_decay_steps == round(307 * 50_000 / 1024)

@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.hmc import hmc_chain
+from vcd_helpers.data import load_binarized_mnist
+from vcd_helpers.hmc import hmc_chain, run_on_posterior
+from vcd_helpers.model import VAE
 
 COV = np.array([[1.0, 0.8, 0.0], [0.8, 1.0, 0.3], [0.0, 0.3, 0.5]])
 MEAN = np.array([1.0, -2.0, 0.5])
@@ -119,3 +121,16 @@ def test_bad_arguments_are_named(kwargs, message):
     args = dict(num_iterations=2, num_leapfrog_steps=2, seed=0) | kwargs
     with pytest.raises(ValueError, match=message):
         hmc_chain(TARGET.log_prob, dispersed_starts()[:2], 0.1, **args)
+
+
+def test_a_chain_on_a_vae_posterior_starts_from_the_encoder_and_climbs():
+    model = VAE(seed=0)
+    x = tf.constant(load_binarized_mnist("test")[:6], tf.float32)
+    run = run_on_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4)
+    assert run.z0.shape == (6, 10) and run.log_probs.shape == (13, 6) and run.after.shape == (6, 784)
+    assert run.accept_rates.shape == run.step_sizes.shape == (12,) and 0 <= run.accept_rate <= 1
+    np.testing.assert_allclose(run.log_probs[0], model.log_joint(x, tf.constant(run.z0)).numpy(), rtol=1e-6)
+    assert run.log_probs[-1].mean() > run.log_probs[0].mean()  # an untrained encoder's draws are far off
+    again = run_on_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4,
+                             z0=tf.constant(run.z0))
+    np.testing.assert_array_equal(again.log_probs, run.log_probs)  # the same start and seed: the same chain

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,9 +16,10 @@ import tensorflow as tf
 from vcd_helpers import distributed, pipeline
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.model import VAE
-from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer, Task
-from vcd_helpers.training import VCDTrainer, fit
+from vcd_helpers.pipeline import PipelineConfig, Task
+from vcd_helpers.runs import read_metrics
+from vcd_helpers.trainers import build_trainer
+from vcd_helpers.training import accumulate_gradients, fit, max_relative_error
 
 STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
 # min_scale 0.1 keeps the untrained encoder's scales away from 1e-4, where g reaches 1e10 and float32
@@ -36,11 +34,6 @@ def batch():
     images = load_binarized_mnist("train")[:240]
     index, x = next(iter(indexed_batches(images, 24, seed=0)))
     return config, index, x
-
-
-def _max_relative_error(expected, actual) -> float:
-    return max(float(tf.reduce_max(tf.abs(a - e)) / tf.reduce_max(tf.abs(e)))
-               for name in expected.gradients for e, a in zip(expected.gradients[name], actual.gradients[name]))
 
 
 def test_interleaved_order_is_one_forward_one_backward():
@@ -83,10 +76,29 @@ def test_bad_pipeline_configs_are_clear_errors(overrides, message):
 def test_pipeline_must_see_the_configured_batch_on_existing_devices(batch):
     config, _, _ = batch
     with pytest.raises(ValueError, match="8 x 4 = 32 does not match config.batch_size=24"):
-        PipelinedVCDTrainer(config, PipelineConfig(micro_batch_size=8, gradient_accumulation=4))
+        build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=4))
     with pytest.raises(ValueError, match=r"devices \['/CPU:9'\] do not exist here"):
-        PipelinedVCDTrainer(config, PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
-                                                   devices=("/CPU:1", "/CPU:2", "/CPU:9")))
+        build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
+                                                       devices=("/CPU:1", "/CPU:2", "/CPU:9")))
+
+
+def test_one_factory_builds_every_execution_and_says_what_xla_compiles(batch):
+    config, _, _ = batch
+    plain = build_trainer(config)
+    assert type(plain).__name__ == "VCDTrainer" and plain.jit_compile and plain.steps_per_call == 1
+    vae = build_trainer(config.replace(method="vae"), jit_compile=False)
+    assert type(vae).__name__ == "VAETrainer" and not vae.jit_compile
+    piped = build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
+                                                           device_iterations=5))
+    assert type(piped).__name__ == "PipelinedVCDTrainer" and piped.jit_compile and piped.steps_per_call == 5
+    strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES[:2]))
+    replicated = build_trainer(config, execution=strategy)
+    assert type(replicated).__name__ == "ReplicatedVCDTrainer" and not replicated.jit_compile
+    with pytest.raises(ValueError, match="jit_compile=True is invalid with a distribution strategy"):
+        build_trainer(config, execution=strategy, jit_compile=True)
+    with pytest.raises(ValueError, match="method='vae' is invalid with a pipelined execution"):
+        build_trainer(config.replace(method="vae"), execution=PipelineConfig(micro_batch_size=8,
+                                                                             gradient_accumulation=3))
 
 
 def test_batch_sizes_multiply():
@@ -99,12 +111,13 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
     config, _, x = batch
     baseline = 100.0 * tf.random.stateless_normal([24], seed=[3, 3])
     seed = tf.constant([5, 6])
-    plain = VCDTrainer(VAE(config.model, seed=config.seed), config)
-    expected = tf.function(lambda: pipeline.accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
-    trainer = PipelinedVCDTrainer(config, PipelineConfig(schedule=schedule, micro_batch_size=8, gradient_accumulation=3,
-                                                         devices=STAGE_DEVICES, recompute_encoder=recompute))
+    plain = build_trainer(config, jit_compile=False)
+    expected = tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+    trainer = build_trainer(config, jit_compile=False, execution=PipelineConfig(
+        schedule=schedule, micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES,
+        recompute_encoder=recompute))
     actual, times = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
-    assert _max_relative_error(expected, actual) < 1e-4
+    assert max_relative_error(expected, actual) < 1e-4
     np.testing.assert_allclose(actual.encoder_loss, expected.encoder_loss, rtol=1e-5)
     np.testing.assert_allclose(actual.decoder_loss, expected.decoder_loss, rtol=1e-5)
     np.testing.assert_allclose(actual.g, expected.g, rtol=1e-5)
@@ -114,21 +127,24 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
 
 def test_one_micro_batch_is_the_plain_estimator(batch):
     config, _, x = batch
-    plain = VCDTrainer(VAE(config.model, seed=config.seed), config)
+    plain = build_trainer(config, jit_compile=False)
     seed = tf.constant([1, 2])
     single = tf.function(lambda: plain.estimate_gradients(x, tf.zeros([24]), tf.random.experimental.stateless_fold_in(seed, 0)))()
-    accumulated = tf.function(lambda: pipeline.accumulate_gradients(plain, x, tf.zeros([24]), seed, micro_batch_size=24))()
-    assert _max_relative_error(single, accumulated) == 0.0
+    accumulated = tf.function(lambda: accumulate_gradients(plain, x, tf.zeros([24]), seed, micro_batch_size=24))()
+    assert max_relative_error(single, accumulated) == 0.0
 
 
 def test_pipelined_training_step_runs_in_the_loop_and_records_a_timeline(batch):
     config, _, _ = batch
-    trainer = PipelinedVCDTrainer(config, PipelineConfig(schedule="interleaved", micro_batch_size=8,
-                                                         gradient_accumulation=3, device_iterations=2,
-                                                         devices=STAGE_DEVICES, slot_device="/CPU:0"))
+    trainer = build_trainer(config, jit_compile=False, execution=PipelineConfig(
+        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, device_iterations=2,
+        devices=STAGE_DEVICES, slot_device="/CPU:0"))
     images = load_binarized_mnist("train")[:240]
-    history = fit(trainer, indexed_batches(images, 24, seed=0), 4, steps_per_call=2, progress=False)
-    assert np.all(np.isfinite(history["encoder_loss"])) and int(trainer.step.numpy()) == 4
+    seen = []
+    assert fit(trainer, indexed_batches(images, 24, seed=0), 4, progress=False,
+               on_step=lambda step, metrics: seen.append((int(trainer.step.numpy()), metrics["encoder_loss"]))) == {}
+    assert [counter for counter, _ in seen] == [2, 2, 4, 4]  # device_iterations=2: two steps per host call
+    assert np.all(np.isfinite([loss for _, loss in seen])) and int(trainer.step.numpy()) == 4
     index, x = next(iter(indexed_batches(images, 24, seed=0)))
     _, timeline = trainer.timed_step(index, x)
     assert [t.kind for t in timeline.tasks[:3]] == ["F", "F", "F"] and timeline.span > 0
@@ -141,10 +157,10 @@ def test_replicas_compute_the_same_sum_as_accumulation(batch):
     baseline = tf.zeros([24])
     seed = tf.constant([7, 8])
     strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES))
-    replicated = distributed.ReplicatedVCDTrainer(config, strategy)
+    replicated = build_trainer(config, execution=strategy)
     actual = tf.function(lambda: replicated.batch_estimate(x, baseline, seed))()
-    expected = tf.function(lambda: pipeline.accumulate_gradients(replicated, x, baseline, seed, micro_batch_size=8))()
-    assert _max_relative_error(expected, actual) < 1e-5
+    expected = tf.function(lambda: accumulate_gradients(replicated, x, baseline, seed, micro_batch_size=8))()
+    assert max_relative_error(expected, actual) < 1e-5
     images = load_binarized_mnist("train")[:240]
     history = fit(replicated, indexed_batches(images, 24, seed=0), 4, steps_per_call=2, progress=False)
     assert np.all(np.isfinite(history["encoder_loss"]))
@@ -160,16 +176,6 @@ def test_bad_strategy_input_is_a_clear_error(monkeypatch):
         load_config("default", replicas=2)
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_two_workers_over_loopback_train_the_same_model(tmp_path):
     """The training command under MultiWorkerMirroredStrategy: two processes, one replica each,
     all-reducing over gRPC on 127.0.0.1. Each worker sees only the other's gradients through the
@@ -179,20 +185,14 @@ def test_two_workers_over_loopback_train_the_same_model(tmp_path):
                          evaluation={"num_examples": 4, "num_samples": 8, "chunk_size": 8, "burn_in": 2, "kept": 2})
     config_file = tmp_path / "config.json"
     config_file.write_text(config.to_json())
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
-    processes = []
-    for task in range(2):
-        env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3",
-                            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": task}})}
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file), "--results",
-             str(tmp_path / f"worker{task}"), "--strategy", "multi_worker", "--quiet"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    processes = distributed.launch_local_workers(config_file, [tmp_path / "worker0", tmp_path / "worker1"],
+                                                 env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"})
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]
     results = [json.loads((tmp_path / f"worker{k}" / "results.json").read_text()) for k in range(2)]
     assert [r["strategy"] for r in results] == [{"name": "multi_worker", "replicas": 2}] * 2
-    metrics = [(tmp_path / f"worker{k}" / "metrics.csv").read_text().splitlines() for k in range(2)]
-    strip_time = lambda rows: [row.split(",")[:1] + row.split(",")[2:] for row in rows]
-    assert strip_time(metrics[0]) == strip_time(metrics[1]) and len(metrics[0]) == 4
+    metrics = [read_metrics(tmp_path / f"worker{k}") for k in range(2)]
+    assert len(metrics[0]["step"]) == 3
+    for name in metrics[0].keys() - {"wall_time"}:  # the same numbers on both workers, bit for bit
+        np.testing.assert_array_equal(metrics[0][name], metrics[1][name])

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import data, runs
+from vcd_helpers import data, distributed, runs
 from vcd_helpers.cli import main
 from vcd_helpers.config import load_config
 from vcd_helpers.runs import RunDirectory, train_run
@@ -145,15 +144,9 @@ def test_when_no_checkpoint_restores_the_run_is_refused_not_restarted(tmp_path, 
 
 # 5. a multi-worker peer that never starts ---------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("how", ["timeout", "SIGINT"])
 def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_path, config_file, how):
-    workers = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    workers = [f"127.0.0.1:{port}" for port in distributed.free_local_ports(2)]
     env = ENV | {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}}),
                  "VCD_WORKER_TIMEOUT": "4" if how == "timeout" else "600"}
     process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file),
@@ -161,7 +154,16 @@ def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_p
                                env=env, stderr=subprocess.PIPE, text=True)
     if how == "SIGINT":
         children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-        while process.poll() is None and not children.read_text().strip():
+
+        def command_line(pid: str) -> bytes:
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # it has ended meanwhile
+                return b""
+
+        def worker_started() -> bool:  # other children (a tool run while importing) do not count
+            return any(b"vcd_helpers" in command_line(pid) for pid in children.read_text().split())
+        while process.poll() is None and not worker_started():
             time.sleep(0.1)  # until the supervisor has started the worker, which waits for its peer
         process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
@@ -324,7 +326,7 @@ def test_a_deleted_metrics_file_is_reported(tmp_path, finished):
 
 def test_an_infinite_spread_is_written_as_valid_json():
     result = runs.EvaluationResult(-np.inf, np.array([-np.inf, -1.0]), "encoder", 10)
-    record = runs._evaluation_record(result, load_config("test").evaluation)
+    record = runs._evaluation_record(result, load_config("smoke").evaluation)
     assert record["mean"] is None and record["standard_error"] is None
     json.dumps(record, allow_nan=False)
 

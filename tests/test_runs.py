@@ -110,7 +110,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
 
 
 def test_a_directory_holding_another_run_is_refused(tmp_path):
-    config = load_config("test")
+    config = load_config("smoke")
     RunDirectory(tmp_path / "run").claim(config)
     RunDirectory(tmp_path / "run").claim(config)  # the same run: fine (it resumes)
     with pytest.raises(RunDirectoryError, match=r"seed: 0 in the directory, 7 requested"):
@@ -133,7 +133,7 @@ def test_cli_overrides():
     assert _resolve("--config", "default", "--batch-size", "128", "--learning-rate", "1e-3").optimizer.learning_rate == 1e-3
     assert _resolve("--config", "default").optimizer.learning_rate == 5e-4
     assert _resolve("--config", "bs_experiment", "--batch-size", "1024").optimizer.learning_rate == 1.3e-3
-    assert _resolve("--config", "test", "--epochs", "2").num_steps == 1000
+    assert _resolve("--config", "smoke", "--epochs", "2").num_steps == 1000
     profiled = _resolve("--config", "default", "--profile", "test")
     assert (profiled.num_steps, profiled.evaluation.num_examples) == (30, 20)
     assert _resolve("--config", "default", "--eval-samples", "64").evaluation.chunk_size == 64
@@ -152,7 +152,7 @@ def test_cli_bad_input_is_a_clear_error(argv, message, capsys):
 
 
 def test_resume_without_config_uses_the_stored_one(tmp_path):
-    config = load_config("test", seed=5)
+    config = load_config("smoke", seed=5)
     RunDirectory(tmp_path).claim(config)
     resolved = resolve_config(_parser().parse_args(["train", "--resume", "--results", str(tmp_path)]))
     assert resolved == config

@@ -11,9 +11,10 @@ import tensorflow as tf
 from vcd_helpers import bench
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.training import Outfeed, build_trainer, fit, make_training_loop
+from vcd_helpers.trainers import build_trainer
+from vcd_helpers.training import Outfeed, fit, make_training_loop
 
-CONFIG = load_config("test", batch_size=20, train_examples=1000, hmc={"num_iterations": 2, "num_leapfrog_steps": 2})
+CONFIG = load_config("tiny", batch_size=20)
 
 
 def _batches():
@@ -83,3 +84,18 @@ def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape():
     table = bench.format_benchmark([row], matmul_rate=150.0).splitlines()
     assert "shape GFLOP/s" in table[1] and "bound ms" in table[1]
     assert table[2].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "90", "40.0"]
+
+
+def test_the_speed_explorer_compiles_each_setting_once(monkeypatch):
+    from vcd_helpers import widgets
+
+    built = []
+    # A stand-in step: what is checked is which settings get built (compiled), not the timing.
+    monkeypatch.setattr(widgets, "step_call", lambda config, style, **kw: built.append(config.batch_size)
+                        or (lambda: tf.constant(0.0), 1))
+    monkeypatch.setattr(widgets, "decoder_layer_gflops", lambda config: 10.0)
+    explorer = widgets.training_speed_explorer(CONFIG, batch_sizes=(10, 20), steps_per_call=(1, 2), calls=2)
+    batch_slider = explorer.children[0].children[0]
+    for size in (10, 20, 10):  # back to a size already seen: no new compilation
+        batch_slider.value = size
+    assert built == [20, 10]

@@ -12,7 +12,7 @@ from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood
 from vcd_helpers.objectives import vcd_surrogate_losses
-from vcd_helpers.training import VCDTrainer
+from vcd_helpers.trainers import build_trainer
 
 
 def _batch(n=6, seed=0):
@@ -123,8 +123,8 @@ def test_control_variate_values_and_updates(kind):
 
 
 def test_one_vcd_step_updates_every_piece_of_state():
-    config = load_config("default", steps=2, control_variate={"kind": "local"}, train_examples=200)
-    trainer = VCDTrainer(VAE(config.model, seed=0), config)
+    config = load_config("tiny", steps=2, control_variate={"kind": "local"}, train_examples=200)
+    trainer = build_trainer(config, jit_compile=False)
     decoder_before = [v.numpy().copy() for v in trainer.model.decoder.trainable_variables]
     encoder_before = [v.numpy().copy() for v in trainer.model.encoder.trainable_variables]
     metrics = trainer.train_step(tf.constant([4, 7, 9]), _batch(3))
@@ -139,8 +139,8 @@ def test_one_vcd_step_updates_every_piece_of_state():
 def test_a_baseline_near_g_reduces_the_estimators_variance():
     from vcd_helpers.training import estimator_variance
 
-    config = load_config("test").replace(hmc={"num_iterations": 2, "num_leapfrog_steps": 2})
-    trainer = VCDTrainer(VAE(seed=0), config)
+    config = load_config("tiny")
+    trainer = build_trainer(config, jit_compile=False)
     x = _batch(16)
     g = trainer.estimate_gradients(x, tf.zeros([16]), tf.constant([9, 9])).g
     none = estimator_variance(trainer, x, tf.zeros([16]), num_draws=8)

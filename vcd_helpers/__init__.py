@@ -7,7 +7,10 @@ written with TensorFlow 2 and TensorFlow Probability. Modules, bottom to top:
 - ``devices``, ``seeds``: what hardware is here, logical-device splitting, stateless seeds;
 - ``data``: statically binarised MNIST, offline-capable, and indexed ``tf.data`` pipelines;
 - ``model``, ``hmc``, ``optim``: the VAE, the HMC chain, the reference RMSProp variant;
-- ``objectives``, ``evaluation``, ``training``: ELBO and VCD losses, importance sampling, steps.
+- ``objectives``, ``evaluation``, ``training``: ELBO and VCD losses, importance sampling, steps;
+- ``pipeline``, ``distributed``: the VCD step pipelined over devices, or replicated;
+- ``trainers``: ``build_trainer``, the one way to build a trainer for any of those executions;
+- ``runs``, ``analysis``, ``bench``, ``cli``: results directories, reading them back, timings, the command.
 
 Importing the package first imports TensorFlow quietly (see ``_quiet``): TensorFlow 2.21 prints
 its start-up log lines to file descriptor 2 before any log-level setting applies, and Jupyter

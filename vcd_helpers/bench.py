@@ -8,22 +8,24 @@ Execution styles (``time_training_step``'s ``style``):
 - ``loop``: ``steps_per_call`` steps inside one ``tf.function`` (``training.make_training_loop``);
 - ``xla`` / ``xla_loop``: the same two with the step compiled by XLA (``jit_compile=True``).
 
-Every timing is the median over several calls after a warm-up call (tracing and compiling are
-never timed), divided by the steps per call. These are benchmarks: they print figures, and no
+Every timing is ``timing.time_calls``': the median over several calls after a warm-up call
+(tracing and compiling are never timed), divided by the steps per call. These are benchmarks: they print figures, and no
 test depends on how fast a machine is.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, Config, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.training import build_trainer, make_training_loop
+from vcd_helpers.timing import time_calls
+from vcd_helpers.trainers import build_trainer
+from vcd_helpers.training import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
 
@@ -73,24 +75,17 @@ def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int =
             return i + 1, c + 1e-6 * product[:, :1], total + product[0, 0]
         return tf.while_loop(lambda i, *_: i < count, body, (0, a, 0.0))[2]
 
-    chained().numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        chained().numpy()
-        times.append(time.perf_counter() - start)
-    return 2 * m * k * n * count / float(np.median(times)) / 1e9
+    return 2 * m * k * n * count / time_calls(chained, repeats=repeats).median / 1e9
 
 
-def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, calls: int = 5,
-                       seed: int = 0) -> float:
-    """Median milliseconds per training step of ``config`` run in ``style`` (see the module).
-
-    ``steps_per_call`` applies to the ``loop`` styles (the others run one step per call).
-    """
+def step_call(config: Config, style: str, *, steps_per_call: int = 1,
+              seed: int = 0) -> tuple[Callable[[], Any], int]:
+    """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module)
+    on a fresh trainer, taking batches from its own endless pipeline. ``steps_per_call`` applies to
+    the ``loop`` styles (the others run one step per call). The first call traces and compiles;
+    keep the pair to time the same step again without compiling it again."""
     if style not in STYLES:
         raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
-    check_positive_int("calls", calls)
     k = steps_per_call if style in ("loop", "xla_loop") else 1
     trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"))
     images = load_binarized_mnist("train")[: config.train_examples]
@@ -109,14 +104,16 @@ def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, c
 
         def call():
             return loop(iterator, steps)
-    call()  # trace and compile
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        outputs = call()
-        float(tf.reduce_sum(outputs[trainer.metric_names[0]]))  # wait for the result
-        times.append((time.perf_counter() - start) / k)
-    return 1000 * float(np.median(times))
+    return call, k
+
+
+def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, calls: int = 5,
+                       seed: int = 0) -> float:
+    """Median milliseconds per training step of ``config`` run in ``style``: ``step_call``, timed
+    ``calls`` times after its compiling first call."""
+    check_positive_int("calls", calls)
+    call, k = step_call(config, style, steps_per_call=steps_per_call, seed=seed)
+    return time_calls(call, repeats=calls, units=k).median_ms
 
 
 @dataclass(frozen=True)
@@ -145,10 +142,15 @@ def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5, s
     examples/s and GFLOP/s, and set them against the matmul rate at the step's own shape
     (``decoder_layer_gflops``, measured unless given)."""
     ms = time_training_step(config, style, steps_per_call=steps_per_call, calls=calls)
+    return row_from_timing(config, ms, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops)
+
+
+def row_from_timing(config: Config, ms: float, shape_gflops: float) -> BenchmarkRow:
+    """The benchmark row of ``config``'s step timed at ``ms`` per step, against the matmul rate
+    ``shape_gflops`` at the step's widest multiply."""
     flops = step_flops(config)
-    rate = decoder_layer_gflops(config) if shape_gflops is None else shape_gflops
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
-                        flops / (ms / 1000) / 1e9, rate, 1000 * flops / (rate * 1e9))
+                        flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9))
 
 
 def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_call: int = 10,

@@ -14,6 +14,7 @@ Changing the batch size without giving a learning rate takes the tuned rate for 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import select
@@ -24,8 +25,8 @@ import sys
 import time
 from typing import Sequence
 
-from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, STRATEGIES, Config, get_profile,
-                                preset_values)
+from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, STRATEGIES, Config,
+                                EvaluationConfig, get_profile, preset_values)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model into a results directory (resumes if interrupted)")
-    train.add_argument("--config", help="preset name (default, global_cv, bs_experiment, test) or a JSON file")
+    train.add_argument("--config", help="preset name (default, global_cv, bs_experiment, smoke, tiny) or a JSON file")
     train.add_argument("--results", required=True, help="results directory (created; reused only by the same run)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --results; without --config its stored config is used")
@@ -117,8 +118,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.profile is not None:
         profile = get_profile(args.profile)
         values["steps"] = profile.train_steps
-        values["evaluation"] |= {"num_examples": profile.eval_examples, "num_samples": profile.eval_samples,
-                                 "burn_in": profile.eval_burn_in, "kept": profile.eval_kept}
+        values["evaluation"] = dataclasses.asdict(profile.evaluation_config(EvaluationConfig(**values["evaluation"])))
     for option, key in (("eval_split", "split"), ("eval_examples", "num_examples"),
                         ("eval_samples", "num_samples"), ("eval_proposal", "proposal")):
         if getattr(args, option) is not None:
@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
             signal.signal(signal.SIGTERM, _raise_interrupt)  # stop as Ctrl-C does: with a word, not silently
             results = train_run(config, args.results, command=command, progress=not args.quiet,
-                                jit_compile=not args.no_xla, steps_per_call=args.steps_per_call, strategy=strategy)
+                                jit_compile=False if args.no_xla else None, steps_per_call=args.steps_per_call, strategy=strategy)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
                                                "test_log_likelihood")}
             print(json.dumps(summary, indent=2))

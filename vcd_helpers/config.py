@@ -7,7 +7,7 @@ ValueError that names the field, the value and what is allowed.
 
 Presets are JSON files in ``presets/`` holding only the fields that differ from the defaults:
 ``default`` (the paper), ``global_cv``, ``bs_experiment`` (batch size from the user, learning
-rate from the tuned table), ``test`` (one short epoch) and ``tiny`` (40 steps of a tiny model on
+rate from the tuned table), ``smoke`` (one short epoch) and ``tiny`` (40 steps of a tiny model on
 1,000 images, every piece of a run's state exercised: the tests' and demos' run). ``load_config`` reads a preset by
 name or a JSON file by path and applies overrides.
 
@@ -394,7 +394,7 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
 
 
 def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
-    """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``test``) or a JSON
+    """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``smoke``, ``tiny``) or a JSON
     file by path, then apply ``overrides`` (top-level fields, or dicts for nested sections).
 
     Overrides whose value is ``None`` are ignored, so command-line options left unset fall

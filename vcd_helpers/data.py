@@ -34,6 +34,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -41,6 +42,7 @@ import tensorflow as tf
 from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.seeds import as_seed
+from vcd_helpers.timing import time_calls
 
 log = logging.getLogger(__name__)
 
@@ -409,3 +411,11 @@ def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_ste
             .map(with_images, num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
 
+
+
+def batches_per_second(batches: Iterable, num_batches: int = 300) -> float:
+    """How many batches per second ``batches`` (a dataset or any iterable) delivers, measured
+    over ``num_batches`` after the first (which builds the pipeline)."""
+    iterator = iter(batches)
+    timed = time_calls(lambda: next(iterator), repeats=num_batches)
+    return num_batches / sum(timed.seconds)

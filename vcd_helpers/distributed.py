@@ -9,7 +9,7 @@ function of (seed, step), as checkpoint-and-resume needs. Replica r draws its ra
 ``fold_in(step_seed, r)``. The replicas' gradients are summed (VCD's losses are sums over the
 batch, so the sum is the global batch's gradient), their g values gathered for the control
 variate, and their adapted HMC step sizes averaged. A step on N replicas therefore computes
-exactly what ``pipeline.accumulate_gradients`` computes with N micro-batches: data parallelism
+exactly what ``training.accumulate_gradients`` computes with N micro-batches: data parallelism
 and gradient accumulation are the same sum, spread over devices or over time.
 """
 
@@ -18,6 +18,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import tensorflow as tf
 
@@ -80,6 +83,36 @@ def unreachable(addresses: list[str]) -> list[str]:
     return out
 
 
+def free_local_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free on 127.0.0.1 now (the OS picks them)."""
+    check_positive_int("count", count)
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def launch_local_workers(config_file: str | os.PathLike, results_dirs: list[Path], *,
+                         env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Start the training command once per results directory, as the workers of one
+    MultiWorkerMirroredStrategy cluster over loopback: worker k gets a TF_CONFIG naming every
+    worker's 127.0.0.1 address and its own index. Returns the processes (stdout and stderr merged,
+    as text); wait for them with ``communicate``. ``env``: the environment (default: this one)."""
+    addresses = [f"127.0.0.1:{port}" for port in free_local_ports(len(results_dirs))]
+    processes = []
+    for task, results in enumerate(results_dirs):
+        tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": task}}
+        command = [sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file), "--results",
+                   str(results), "--strategy", "multi_worker", "--quiet"]
+        processes.append(subprocess.Popen(command, env=(env or dict(os.environ)) | {"TF_CONFIG": json.dumps(tf_config)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return processes
+
+
 def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.Strategy | None:
     """The ``tf.distribute`` strategy called ``name``.
 
@@ -135,7 +168,8 @@ class ReplicatedVCDTrainer(VCDTrainer):
 
     Build it under nothing: it enters ``strategy.scope()`` itself so that every variable (weights,
     slots, control variate, step size, step) is mirrored. ``train_step(index, x)`` takes the
-    global batch, index [B] and x [B, 784], B a multiple of the number of replicas.
+    global batch, index [B] and x [B, 784], B a multiple of the number of replicas. Build it with
+    ``trainers.build_trainer(config, execution=strategy)``.
     """
 
     def __init__(self, config: Config, strategy: tf.distribute.Strategy):
@@ -145,7 +179,7 @@ class ReplicatedVCDTrainer(VCDTrainer):
             raise ValueError(f"batch_size={config.batch_size} is invalid for {self.num_replicas} replicas: "
                              "must be a multiple of the number of replicas")
         with strategy.scope():
-            super().__init__(VAE(config.model, seed=config.seed), config)
+            super().__init__(VAE(config.model, seed=config.seed), config, jit_compile=False)
 
     def _replica_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """In replica context: this replica's rows of the global batch and its estimate."""

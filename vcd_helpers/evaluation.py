@@ -72,8 +72,8 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
 
 
 def hmc_posterior_moments(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, step_size: float,
-                          num_leapfrog_steps: int, seed: SeedLike, target_accept_rate: float = 0.9,
-                          adaptation_rate: float = 0.01) -> tuple[tf.Tensor, tf.Tensor]:
+                          num_leapfrog_steps: int, seed: SeedLike, target_accept_rate: float = HMCConfig.target_accept_rate,
+                          adaptation_rate: float = HMCConfig.adaptation_rate) -> tuple[tf.Tensor, tf.Tensor]:
     """Mean and standard deviation [B, D] of ``kept`` HMC states of p(z | x), after ``burn_in``
     adapting iterations, with every chain started at the encoder mean."""
     loc, _ = model.encoder(x)
@@ -130,7 +130,8 @@ class AISResult(NamedTuple):
 def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], initial_loc: tf.Tensor,
                                  initial_scale: tf.Tensor, *, num_temperatures: int, num_chains: int,
                                  num_leapfrog_steps: int, step_size: float, seed: SeedLike,
-                                 target_accept_rate: float = 0.9, adaptation_rate: float = 0.01) -> AISResult:
+                                 target_accept_rate: float = HMCConfig.target_accept_rate,
+                                 adaptation_rate: float = HMCConfig.adaptation_rate) -> AISResult:
     """Annealed importance sampling (Neal 2001) of log Z = log integral of exp(target(z)) dz, per example.
 
     Starts ``num_chains`` chains per example from q = N(loc, diag(scale^2)) and moves them

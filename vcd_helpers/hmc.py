@@ -18,16 +18,22 @@ Gradients never flow through the chain: the initial state and step size are wrap
 ``stop_gradient`` and each gradient of the target is taken with respect to the state only.
 Call it outside any outer ``GradientTape`` (or inside ``tape.stop_recording()``) so that the
 tape does not keep the loop's intermediates alive.
+
+``run_on_posterior`` runs the chain on a VAE's posterior p(z | x) from the encoder's samples and
+returns what the chapters plot (the HMC chapter's figure and explorer, the VCD chapter's check).
 """
 
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 import tensorflow as tf
 
-from vcd_helpers.config import check_positive_int
-from vcd_helpers.seeds import SeedLike, as_seed
+from vcd_helpers.config import HMCConfig, check_positive_int
+from vcd_helpers.model import VAE
+from vcd_helpers.seeds import SeedLike, as_seed, split_seed
 
 TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
 
@@ -95,7 +101,8 @@ def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf
 
 def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, step_size: float | tf.Tensor, *,
               num_iterations: int, num_leapfrog_steps: int, seed: SeedLike, adapt_step_size: bool = True,
-              target_accept_rate: float = 0.9, adaptation_rate: float = 0.01,
+              target_accept_rate: float = HMCConfig.target_accept_rate,
+              adaptation_rate: float = HMCConfig.adaptation_rate,
               return_trace: bool = False) -> HMCResult:
     """Run ``num_iterations`` HMC iterations of a batch of independent chains.
 
@@ -155,3 +162,55 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
     return HMCResult(final_state=state, final_log_prob=log_prob, step_size=step_size,
                      accept_rate=accept_sum / num_iterations, trace=trace, initial_log_prob=initial_log_prob,
                      initial_gradient=initial_gradient)
+
+
+class PosteriorRun(NamedTuple):
+    """One chain per image on a VAE's p(z | x), as numpy arrays: z0 [B, D], where it started;
+    log_probs [T + 1, B], log p(x, z) at z0 and after each iteration; accept_rates, step_sizes
+    [T]; before, after [B, 784], the decoder's pixel means at z0 and at zT; final_step_size, the
+    adapted one; accept_rate, the mean over chains and iterations."""
+
+    z0: np.ndarray
+    log_probs: np.ndarray
+    accept_rates: np.ndarray
+    step_sizes: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    final_step_size: float
+    accept_rate: float
+
+
+def run_on_posterior(model: VAE, x: tf.Tensor, *, num_iterations: int, num_leapfrog_steps: int,
+                     step_size: float, seed: SeedLike = 0, z0: tf.Tensor | None = None) -> PosteriorRun:
+    """HMC, adapting its step size, on p(z | x) for the images x [B, 784], from z0 [B, D] (by
+    default one draw from the encoder's q(z | x)). The chain is compiled once per (model,
+    iterations, leapfrog steps), so rerunning it (an explorer's slider moved back) is fast."""
+    start_seed, chain_seed = tf.unstack(split_seed(seed, 2))
+    if z0 is None:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=start_seed)
+    result = _compiled_posterior_chain(model, num_iterations, num_leapfrog_steps)(
+        x, z0, tf.constant(step_size, tf.float32), chain_seed)
+    return PosteriorRun(
+        z0=np.asarray(z0),
+        log_probs=np.concatenate([model.log_joint(x, z0).numpy()[None], result.trace.log_probs.numpy()]),
+        accept_rates=result.trace.accept_rates.numpy(),
+        step_sizes=result.trace.step_sizes.numpy(),
+        before=tf.sigmoid(model.decoder(z0)).numpy(),
+        after=tf.sigmoid(model.decoder(result.final_state)).numpy(),
+        final_step_size=float(result.step_size),
+        accept_rate=float(result.accept_rate))
+
+
+_posterior_chains: dict[tuple[int, int, int], Callable] = {}
+
+
+def _compiled_posterior_chain(model: VAE, num_iterations: int, num_leapfrog_steps: int) -> Callable:
+    key = (id(model), num_iterations, num_leapfrog_steps)
+    if key not in _posterior_chains:
+        @tf.function
+        def chain(x, z0, step_size, seed):
+            return hmc_chain(lambda z: model.log_joint(x, z), z0, step_size, num_iterations=num_iterations,
+                             num_leapfrog_steps=num_leapfrog_steps, seed=seed, return_trace=True)
+        _posterior_chains[key] = chain
+    return _posterior_chains[key]

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, OptimizerConfig
 
 
 def step_decay(initial_rate: float, decay_rate: float, decay_steps: int, step: tf.Tensor) -> tf.Tensor:
@@ -28,7 +28,8 @@ class ReferenceRMSProp(tf.Module):
     """RMSProp with ``1 + sqrt(ms)`` in the denominator, for one group of variables."""
 
     def __init__(self, variables: Sequence[tf.Variable], learning_rate: float, *, decay_steps: int,
-                 decay_rate: float = 0.9, rms_decay: float = 0.9, initial_mean_square: float = 0.01,
+                 decay_rate: float = OptimizerConfig.lr_decay_rate, rms_decay: float = OptimizerConfig.rms_decay,
+                 initial_mean_square: float = OptimizerConfig.initial_mean_square,
                  slot_device: str | None = None, name: str | None = None):
         super().__init__(name=name)
         self.variables_ = tuple(variables)

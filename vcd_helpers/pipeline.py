@@ -17,7 +17,7 @@ stage 2 reads them once per micro-batch.
 
 This is the maths of ``objectives.vcd_surrogate_losses`` cut at the stage boundaries: stage 0
 computes ``objectives.encoder_surrogate_loss`` from the messages, the pathwise term entering as
-the vector grad_z0 that stage 1 sends back. ``accumulate_gradients`` is the
+the vector grad_z0 that stage 1 sends back. ``training.accumulate_gradients`` is the
 unpipelined reference: the plain estimator (``VCDTrainer.estimate_gradients``) on each
 micro-batch, summed. The tests hold the two equal for every schedule.
 
@@ -215,31 +215,6 @@ class Timeline(NamedTuple):
         return [b / self.span for b in busy]
 
 
-def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,
-                         micro_batch_size: int) -> VCDEstimate:
-    """The unpipelined reference: the plain estimator on each micro-batch, summed.
-
-    x [B, 784] with B a multiple of ``micro_batch_size``; baseline [B]; seed [2], the step's
-    seed. Micro-batch m uses ``fold_in(seed, m)`` and the persistent step size. Returns the
-    estimate with gradients and losses summed over the micro-batches, g [B] in batch order, the
-    mean accept rate and the mean adapted step size. Changes no state.
-    """
-    batch = int(x.shape[0])
-    if batch % micro_batch_size:
-        raise ValueError(f"batch of {batch} is not a multiple of micro_batch_size={micro_batch_size}")
-    estimates = []
-    for m in range(batch // micro_batch_size):
-        rows = slice(m * micro_batch_size, (m + 1) * micro_batch_size)
-        estimates.append(trainer.estimate_gradients(x[rows], baseline[rows],
-                                                    tf.random.experimental.stateless_fold_in(seed, m)))
-    gradients = {name: [tf.add_n([e.gradients[name][k] for e in estimates]) for k in range(len(grads))]
-                 for name, grads in estimates[0].gradients.items()}
-    return VCDEstimate(gradients, tf.add_n([e.encoder_loss for e in estimates]),
-                       tf.add_n([e.decoder_loss for e in estimates]), tf.concat([e.g for e in estimates], 0),
-                       tf.reduce_mean([e.accept_rate for e in estimates]),
-                       tf.reduce_mean([e.step_size for e in estimates]))
-
-
 class PipelinedVCDTrainer(VCDTrainer):
     """A VCD trainer whose step runs as a pipeline over three devices.
 
@@ -248,8 +223,8 @@ class PipelinedVCDTrainer(VCDTrainer):
     gradient_accumulation, 784]; ``timed_step`` also returns the step's measured ``Timeline``.
     ``jit_compile`` compiles the HMC chain (stage 1's forward, most of the work) with XLA; the
     step around it stays a plain ``tf.function``, whose executor runs the devices concurrently.
-    Run ``device_iterations`` steps per host call with ``training.fit(...,
-    steps_per_call=pipeline.device_iterations)``.
+    ``training.fit`` runs ``pipeline.device_iterations`` steps per host call (``steps_per_call``).
+    Build it with ``trainers.build_trainer(config, execution=pipeline)``.
     """
 
     def __init__(self, config: Config, pipeline: PipelineConfig, *, jit_compile: bool = False):
@@ -265,8 +240,9 @@ class PipelinedVCDTrainer(VCDTrainer):
                              "with devices.split_physical_device(n) at the start of the process")
         model = VAE(config.model, seed=config.seed,
                     devices={"encoder": pipeline.device(0), "decoder": pipeline.device(1)} if pipeline.devices else None)
-        super().__init__(model, config, slot_device=pipeline.slot_device)
+        super().__init__(model, config, jit_compile=jit_compile, slot_device=pipeline.slot_device)
         self.pipeline = pipeline
+        self.steps_per_call = pipeline.device_iterations
         self.chain = tf.function(self.run_chain, jit_compile=True) if jit_compile else self.run_chain
         self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
         self.train_step = tf.function(self._train_step)
@@ -281,7 +257,7 @@ class PipelinedVCDTrainer(VCDTrainer):
 
     def estimate_gradients_pipelined(self, x: tf.Tensor, baseline: tf.Tensor,
                                      seed: tf.Tensor) -> tuple[VCDEstimate, tf.Tensor]:
-        """The pipelined counterpart of ``accumulate_gradients``: x [B, 784], baseline [B], seed
+        """The pipelined counterpart of ``training.accumulate_gradients``: x [B, 784], baseline [B], seed
         [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2]). Changes no state."""
         p = self.pipeline
         b = p.micro_batch_size
@@ -387,13 +363,13 @@ class PipelinedVCDTrainer(VCDTrainer):
         return estimate, tf.stack(times)
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
-        """The pipelined estimate; the tasks' timestamps are kept for ``timed_step``'s trace."""
-        estimate, self._task_times = self.estimate_gradients_pipelined(x, baseline, seed)
-        return estimate
+        """The pipelined estimate (its timestamps unused: only ``timed_step`` reads them)."""
+        return self.estimate_gradients_pipelined(x, baseline, seed)[0]
 
     def _timed_train_step(self, index: tf.Tensor, x: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        metrics = self._train_step(index, x)
-        return metrics, self._task_times  # set while tracing _train_step, in this same graph
+        baseline, seed = self.step_inputs(index)
+        estimate, times = self.estimate_gradients_pipelined(x, baseline, seed)
+        return self.apply_estimate(index, x, baseline, estimate), times
 
 
 def state_bytes_per_device(trainer: VCDTrainer) -> dict[str, int]:

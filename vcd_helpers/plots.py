@@ -5,6 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from vcd_helpers.config import HMCConfig
+from vcd_helpers.pipeline import STAGE_NAMES
+
 
 def image_grid(images: np.ndarray, rows: int, cols: int, *, ax: plt.Axes | None = None,
                title: str | None = None, gap: int = 2) -> plt.Axes:
@@ -57,7 +60,7 @@ def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_siz
     axes[0].legend(loc="lower right")
     ax_rate = axes[1]
     ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green")
-    ax_rate.axhline(0.9, ls="--", color="gray", lw=1)
+    ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1)
     ax_rate.set(xlabel="HMC iteration", ylabel="acceptance", ylim=(0, 1.05), title="acceptance and step size")
     ax_step = ax_rate.twinx()
     ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red")
@@ -72,7 +75,7 @@ def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_siz
 
 
 def plot_timeline(timeline, *, ax: plt.Axes | None = None, title: str | None = None,
-                  stage_names: tuple[str, ...] = ("encoder", "hmc", "decoder")) -> plt.Axes:
+                  stage_names: tuple[str, ...] = STAGE_NAMES) -> plt.Axes:
     """A measured pipeline step (``pipeline.Timeline``) as a Gantt chart: one row per stage's
     device, a bar per task (forwards solid, backwards hatched), labelled with its micro-batch."""
     if ax is None:

@@ -53,11 +53,13 @@ import tensorflow as tf
 from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
-from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_name
+from vcd_helpers.distributed import strategy_name
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
-from vcd_helpers.training import build_trainer, fit
+from vcd_helpers.timing import Stopwatch
+from vcd_helpers.trainers import build_trainer
+from vcd_helpers.training import Trainer, fit
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
@@ -327,11 +329,6 @@ class LearningCurve:
     def due(self, step: int) -> bool:
         return step % self.config.curve_every_steps == 0
 
-    def total_seconds(self) -> float:
-        """Seconds all the curve's evaluations took, over every process that trained the run."""
-        with open(self.path, newline="") as f:
-            return round(sum(float(row["eval_seconds"]) for row in csv.DictReader(f)), 2)
-
     def record(self, step: int, train_seconds: float) -> float:
         """Evaluate now, as step ``step``, and append the row; returns the seconds it took."""
         started = time.perf_counter()
@@ -413,14 +410,15 @@ def default_steps_per_call(config: Config) -> int:
 
 
 def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "", progress: bool = True,
-              jit_compile: bool = True, steps_per_call: int | None = None,
+              jit_compile: bool | None = None, steps_per_call: int | None = None,
               strategy: tf.distribute.Strategy | None = None) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
 
-    The step is compiled with XLA (``jit_compile``) and run ``steps_per_call`` steps per host
-    call by the in-graph loop (default ``default_steps_per_call``); it must divide
-    ``config.log_every_steps``. With a ``strategy`` (``distributed.build_strategy``) the VCD step
-    runs data-parallel on its replicas (a plain ``tf.function``: ``jit_compile`` is ignored).
+    The trainer is ``trainers.build_trainer(config, execution=strategy, jit_compile=jit_compile)``
+    (None: XLA wherever the execution allows), run ``steps_per_call`` steps per host call by the
+    in-graph loop (default ``default_steps_per_call``); it must divide ``config.log_every_steps``.
+    With a ``strategy`` (``distributed.build_strategy``) the VCD step runs data-parallel on its
+    replicas.
 
     Returns the contents of results.json. A run that already finished returns its results
     without training again. Raises RunDirectoryError for a directory holding another run, and
@@ -446,16 +444,21 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
                       steps_per_call=steps_per_call, strategy=strategy)
 
 
-def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, jit_compile: bool,
+def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, jit_compile: bool | None,
            steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
-    """``train_run`` on a claimed, locked directory."""
-    if strategy is None:
-        trainer = build_trainer(config, jit_compile=jit_compile)
-    elif config.method != "vcd":
-        raise ValueError(f"method={config.method!r} is invalid with a distribution strategy: only 'vcd' is replicated")
-    else:
-        trainer = ReplicatedVCDTrainer(config, strategy)
-        jit_compile = False
+    """``train_run`` on a claimed, locked directory: train to the end, then ``_finish``."""
+    trainer = build_trainer(config, execution=strategy, jit_compile=jit_compile)
+    train_seconds = _train_to_the_end(config, run, trainer, command=command, progress=progress,
+                                      steps_per_call=steps_per_call)
+    return _finish(config, run, trainer, train_seconds, command=command, steps_per_call=steps_per_call,
+                   strategy=strategy)
+
+
+def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, command: str, progress: bool,
+                      steps_per_call: int) -> float:
+    """Restore the newest checkpoint and train the rest of the run, logging, evaluating the
+    learning curve and checkpointing on the way; returns the run's training seconds (over every
+    process that trained it)."""
     # Seconds spent training, the learning curve's evaluations left out: the run's own clock.
     wall_time = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="wall_time")
     checkpoint = tf.train.Checkpoint(trainer=trainer, wall_time=wall_time)
@@ -463,7 +466,6 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     warnings: list[str] = []
     restored = _restore_newest(checkpoint, run, warnings)
     start_step = int(trainer.step.numpy())
-    elapsed_before = float(wall_time.numpy())
     if progress and restored:
         print(f"resuming {run.path} from step {start_step} of {config.num_steps}", flush=True)
     if start_step and not run.metrics_file.exists():
@@ -476,18 +478,16 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step,
                      on_replayed=lambda check: _record_resume_check(run, start_step, check))
     curve = LearningCurve(run, config, trainer.model, start_step) if config.curve_every_steps else None
-    started = time.perf_counter()
-    curve_seconds = 0.0  # this process's evaluations, kept off the training clock
+    clock = Stopwatch(offset=float(wall_time.numpy()))  # the learning curve's evaluations are left out
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
-        nonlocal curve_seconds
         log.add(metrics)
-        now = elapsed_before + time.perf_counter() - started - curve_seconds
+        now = clock.elapsed
         if step % config.log_every_steps == 0 or step == config.num_steps:
             log.write(step, now)
         # Before the checkpoint: a run killed during the evaluation resumes before it and redoes it.
         if curve is not None and curve.due(step):
-            curve_seconds += curve.record(step, now)
+            clock.leave_out(curve.record(step, now))
         if step % config.checkpoint_every_steps == 0 or step == config.num_steps:
             wall_time.assign(now)
             manager.save(checkpoint_number=step)
@@ -504,7 +504,12 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
                              "same command to resume") from None
     finally:
         log.close()
-    train_seconds = elapsed_before + time.perf_counter() - started - curve_seconds
+    return clock.elapsed
+
+
+def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: float, *, command: str,
+            steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
+    """Save the final model (and local baseline), evaluate it, and write results.json."""
     tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
     local_baseline = getattr(getattr(trainer, "control_variate", None), "local_values", None)
     if local_baseline is not None:  # one value per training image: how stale each one is, in chapter 7
@@ -542,13 +547,13 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
         "ms_per_step": round(1000 * train_seconds / config.num_steps, 2),
         "steady_ms_per_step": _steady_ms_per_step(metrics),
         "evaluation_seconds": round(evaluation_seconds, 2),
-        "curve_seconds": curve.total_seconds() if curve else 0.0,
+        "curve_seconds": _curve_seconds(run),
         "data_source": data_source().source,
         "device": device_summary(),
         "versions": versions(),
         "code": {"commits": list(dict.fromkeys(l["code"]["commit"] for l in launches)),
                  "dirty": any(l["code"]["dirty"] for l in launches)},
-        "jit_compile": jit_compile,
+        "jit_compile": trainer.jit_compile,
         "strategy": {"name": strategy_name(strategy), "replicas": strategy.num_replicas_in_sync if strategy else 1},
         "steps_per_call": steps_per_call,
         "command": command,
@@ -556,6 +561,14 @@ def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, j
     }
     write_atomic(run.results_file, json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _curve_seconds(run: RunDirectory) -> float:
+    """Seconds the learning curve's evaluations took, over every process that trained the run."""
+    if not run.curve_file.exists():
+        return 0.0
+    with open(run.curve_file, newline="") as f:
+        return round(sum(float(row["eval_seconds"]) for row in csv.DictReader(f)), 2)
 
 
 def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:

@@ -11,7 +11,6 @@ with a progress bar.
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
@@ -24,11 +23,14 @@ from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
+from vcd_helpers.timing import Stopwatch
 
 
 class Trainer(Protocol):
     step: tf.Variable
     metric_names: tuple[str, ...]
+    jit_compile: bool  # whether XLA compiles the step (pipelined: its HMC chain)
+    steps_per_call: int  # steps ``fit`` runs per host call unless told otherwise
 
     def train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]: ...
 
@@ -49,11 +51,13 @@ class VAETrainer(tf.Module):
     """The plain VAE: maximise the reparameterised ELBO (the loss is minus its batch sum)."""
 
     metric_names = ("loss",)
+    steps_per_call = 1
 
     def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
         super().__init__(name="vae_trainer")
         self.model = model
         self.config = config
+        self.jit_compile = jit_compile
         self.optimizers = make_optimizers(model.parameter_groups(), config)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = tf.constant([config.seed, 1], tf.int32)
@@ -81,11 +85,13 @@ class VCDTrainer(tf.Module):
     """
 
     metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
+    steps_per_call = 1
 
     def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False, slot_device: str | None = None):
         super().__init__(name="vcd_trainer")
         self.model = model
         self.config = config
+        self.jit_compile = jit_compile
         self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
@@ -130,9 +136,18 @@ class VCDTrainer(tf.Module):
 
     def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
         """index [B] int32 (rows of the training set), x [B, 784] -> per-example metrics."""
-        baseline = self.control_variate.values(index, self.step)  # from before this step's update
-        seed = tf.random.experimental.stateless_fold_in(self.seed, self.step)
-        estimate = self.batch_estimate(x, baseline, seed)
+        baseline, seed = self.step_inputs(index)
+        return self.apply_estimate(index, x, baseline, self.batch_estimate(x, baseline, seed))
+
+    def step_inputs(self, index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """This step's control variate b [B] for the rows ``index`` (from before the step's update)
+        and its seed [2]."""
+        return (self.control_variate.values(index, self.step),
+                tf.random.experimental.stateless_fold_in(self.seed, self.step))
+
+    def apply_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor,
+                       estimate: VCDEstimate) -> dict[str, tf.Tensor]:
+        """Update every piece of state from the step's estimate; returns the per-example metrics."""
         for name, optimizer in self.optimizers.items():
             optimizer.apply_gradients(estimate.gradients[name], self.step)
         self.control_variate.update(index, estimate.g, self.step)
@@ -142,6 +157,38 @@ class VCDTrainer(tf.Module):
         return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
                 "accept_rate": estimate.accept_rate, "step_size": estimate.step_size,
                 "control_variate": tf.reduce_mean(baseline)}
+
+
+def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,
+                         micro_batch_size: int) -> VCDEstimate:
+    """The unpipelined reference: the plain estimator on each micro-batch, summed.
+
+    x [B, 784] with B a multiple of ``micro_batch_size``; baseline [B]; seed [2], the step's
+    seed. Micro-batch m uses ``fold_in(seed, m)`` and the persistent step size. Returns the
+    estimate with gradients and losses summed over the micro-batches, g [B] in batch order, the
+    mean accept rate and the mean adapted step size. Changes no state.
+    """
+    batch = int(x.shape[0])
+    if batch % micro_batch_size:
+        raise ValueError(f"batch of {batch} is not a multiple of micro_batch_size={micro_batch_size}")
+    estimates = []
+    for m in range(batch // micro_batch_size):
+        rows = slice(m * micro_batch_size, (m + 1) * micro_batch_size)
+        estimates.append(trainer.estimate_gradients(x[rows], baseline[rows],
+                                                    tf.random.experimental.stateless_fold_in(seed, m)))
+    gradients = {name: [tf.add_n([e.gradients[name][k] for e in estimates]) for k in range(len(grads))]
+                 for name, grads in estimates[0].gradients.items()}
+    return VCDEstimate(gradients, tf.add_n([e.encoder_loss for e in estimates]),
+                       tf.add_n([e.decoder_loss for e in estimates]), tf.concat([e.g for e in estimates], 0),
+                       tf.reduce_mean([e.accept_rate for e in estimates]),
+                       tf.reduce_mean([e.step_size for e in estimates]))
+
+
+def max_relative_error(expected: VCDEstimate, actual: VCDEstimate) -> float:
+    """How far two gradient estimates are apart: over every gradient tensor, the largest absolute
+    difference divided by the tensor's largest expected magnitude; the worst tensor's value."""
+    return max(float(tf.reduce_max(tf.abs(a - e)) / tf.reduce_max(tf.abs(e)))
+               for name in expected.gradients for e, a in zip(expected.gradients[name], actual.gradients[name]))
 
 
 class Outfeed:
@@ -199,23 +246,45 @@ def make_training_loop(trainer: Trainer, outfeed: Outfeed | None = None) -> Call
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
-def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: int = 1, progress: bool = True,
-        description: str = "training", on_step: StepCallback | None = None) -> dict[str, np.ndarray]:
-    """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs) and return their metrics.
+class History:
+    """``fit``'s record when its caller keeps none: every step's metrics, and the wall time
+    (seconds since the record began) at the end of the call that ran the step."""
+
+    def __init__(self) -> None:
+        self.clock = Stopwatch()
+        self.columns: dict[str, list[float]] = {"step": [], "wall_time": []}
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        self.columns["step"].append(step)
+        self.columns["wall_time"].append(self.clock.elapsed)
+        for name, value in metrics.items():
+            self.columns.setdefault(name, []).append(value)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.asarray(values) for name, values in self.columns.items()}
+
+
+def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: int | None = None,
+        progress: bool = True, description: str = "training",
+        on_step: StepCallback | None = None) -> dict[str, np.ndarray]:
+    """Run ``num_steps`` training steps from ``batches`` ((index, x) pairs).
 
     ``steps_per_call`` = 1 calls the compiled step once per batch from Python; k > 1 runs k steps
     per call with ``make_training_loop`` (``batches`` must then be a ``tf.data.Dataset`` or its
-    iterator). Returns each metric as a [num_steps] numpy array, plus 'step' and 'wall_time'
-    (seconds since the start, at the end of the call that ran the step). ``on_step(step,
-    metrics)`` is called for every finite step, after the call that ran it (the training command
-    logs and checkpoints there, so its boundaries must be multiples of ``steps_per_call``).
+    iterator); None takes the trainer's (a pipeline's ``device_iterations``, else 1).
+    ``on_step(step, metrics)`` is called for every finite step, after the call that ran it (the
+    training command logs and checkpoints there, so its boundaries must be multiples of
+    ``steps_per_call``). Without ``on_step``, returns each metric as a [num_steps] numpy array,
+    plus 'step' and 'wall_time' (a ``History``); with it, the caller keeps what it needs and fit
+    returns {} (the training command's 400,000 steps would otherwise pile up in memory).
     Raises FloatingPointError on a non-finite metric, before ``on_step`` sees that step.
     """
+    steps_per_call = trainer.steps_per_call if steps_per_call is None else steps_per_call
     check_positive_int("steps_per_call", steps_per_call)
-    history: dict[str, list] = {"step": [], "wall_time": []}
+    history = History() if on_step is None else None
+    on_step = history if history is not None else on_step
     iterator = iter(batches)
     loop = make_training_loop(trainer) if steps_per_call > 1 else None
-    start = time.perf_counter()
     bar = tqdm(total=num_steps, desc=description, disable=not progress, mininterval=0.5, unit="step")
     done = 0
     try:
@@ -226,7 +295,6 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
                 outputs = {name: value.numpy()[None] for name, value in trainer.train_step(index, x).items()}
             else:
                 outputs = {name: value.numpy() for name, value in loop(iterator, tf.constant(k)).items()}
-            now = time.perf_counter() - start
             first_step = int(trainer.step.numpy()) - k + 1
             for j in range(k):
                 step = first_step + j
@@ -234,17 +302,13 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
                 for name, value in metrics.items():
                     if not np.isfinite(value):
                         raise FloatingPointError(f"{name} is {value} at step {step}; stopping")
-                    history.setdefault(name, []).append(value)
-                history["step"].append(step)
-                history["wall_time"].append(now)
-                if on_step is not None:
-                    on_step(step, metrics)
+                on_step(step, metrics)
             done += k
             bar.update(k)
             bar.set_postfix({name: f"{value:.3g}" for name, value in metrics.items()}, refresh=False)
     finally:
         bar.close()
-    return {name: np.asarray(values) for name, values in history.items()}
+    return history.arrays() if history is not None else {}
 
 
 def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *, num_draws: int,
@@ -272,9 +336,3 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
         mean = sums[name] / num_draws
         variance[name] = float(np.sum(squares[name] / num_draws - mean ** 2) * num_draws / (num_draws - 1))
     return variance
-
-
-def build_trainer(config: Config, *, jit_compile: bool = True) -> VAETrainer | VCDTrainer:
-    """The trainer of ``config.method`` on a freshly initialised model (seeded by ``config.seed``)."""
-    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
-    return trainer_class(VAE(config.model, seed=config.seed), config, jit_compile=jit_compile)

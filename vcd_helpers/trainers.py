@@ -1,0 +1,63 @@
+"""The one way to build a trainer: ``build_trainer(config, execution=..., jit_compile=...)``.
+
+The execution says how a step runs; the trainer's state (weights, optimiser slots, control
+variate, HMC step size, step counter) is the same in all three, so their checkpoints are
+interchangeable:
+
+- ``None``: one step of ``config.method`` on one device (``VAETrainer`` or ``VCDTrainer``);
+- a ``pipeline.PipelineConfig``: VCD's step cut into three stages on three devices, micro-batches
+  flowing through them (``PipelinedVCDTrainer``);
+- a ``tf.distribute.Strategy``: VCD's step data-parallel on the strategy's replicas
+  (``ReplicatedVCDTrainer``; ``distributed.build_strategy`` makes one from a config).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import tensorflow as tf
+
+from vcd_helpers.config import Config
+from vcd_helpers.distributed import ReplicatedVCDTrainer
+from vcd_helpers.model import VAE
+from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer
+from vcd_helpers.training import VAETrainer, VCDTrainer
+
+Execution = Union[PipelineConfig, tf.distribute.Strategy, None]
+
+
+def execution_name(execution: Execution) -> str:
+    """'plain', 'pipelined' or 'replicated'."""
+    if execution is None:
+        return "plain"
+    return "pipelined" if isinstance(execution, PipelineConfig) else "replicated"
+
+
+def build_trainer(config: Config, *, execution: Execution = None,
+                  jit_compile: bool | None = None) -> VAETrainer | VCDTrainer:
+    """A trainer of ``config`` on a freshly initialised model (seeded by ``config.seed``).
+
+    ``jit_compile`` chooses XLA for what the execution can compile: the whole step (plain), the
+    HMC chain (pipelined: the stages stay separate ops, so that the executor runs the devices
+    concurrently) or nothing (replicated: a step under a strategy is a plain ``tf.function``).
+    None compiles whatever the execution allows; the trainer's ``jit_compile`` says what it did.
+    A pipelined trainer's ``steps_per_call`` is its ``device_iterations``; the others' is 1.
+
+    Raises ValueError for a pipeline or strategy with the VAE (only VCD's step is pipelined or
+    replicated), for ``jit_compile=True`` with a strategy, and for a pipeline whose micro-batches
+    do not make up ``config.batch_size``.
+    """
+    kind = execution_name(execution)
+    if kind != "plain" and config.method != "vcd":
+        raise ValueError(f"method={config.method!r} is invalid with a {kind} execution: "
+                         "only VCD's step is pipelined or replicated")
+    if kind == "replicated":
+        if jit_compile:
+            raise ValueError("jit_compile=True is invalid with a distribution strategy: the replicated step is a "
+                             "plain tf.function; pass jit_compile=None or False")
+        return ReplicatedVCDTrainer(config, execution)
+    jit_compile = True if jit_compile is None else jit_compile
+    if kind == "pipelined":
+        return PipelinedVCDTrainer(config, execution, jit_compile=jit_compile)
+    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
+    return trainer_class(VAE(config.model, seed=config.seed), config, jit_compile=jit_compile)
