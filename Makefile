@@ -22,12 +22,20 @@ $(STAMP): requirements.txt requirements-data.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-test: setup
+# MathJax for the book, from npm at the version book/package-lock.json pins (never committed).
+ASSETS := book/node_modules/.package-lock.json
+
+$(ASSETS): book/package.json book/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: the book serves its own MathJax from npm (Debian: apt-get install npm)"; exit 1; }
+	npm ci --prefix book --no-audit --no-fund --silent
+	touch $(ASSETS)
+
+test: setup $(ASSETS)
 	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 # Executed notebooks are cached in _build/.jupyter_cache: a rebuild after a text edit re-runs nothing.
 # -W turns any warning, including a notebook that failed to execute, into a failed build.
-book: setup
+book: setup $(ASSETS)
 	VCD_PROFILE=$${VCD_PROFILE:-book} $(BIN)/jupyter-book build . -W --keep-going
 
 # Re-execute the committed notebooks in the test profile (after editing a chapter).
@@ -35,4 +43,4 @@ notebooks: setup
 	$(BIN)/python tools/execute_notebooks.py notebooks/*.ipynb
 
 clean:
-	rm -rf _build
+	rm -rf _build book/node_modules

@@ -2,9 +2,12 @@
 
     .venv/bin/python tools/check_book.py [_build/html]
 
-For every page in _toc.yml: the page renders with a heading, every image loads, every internal
-link points at a file of the book (and same-page anchors exist), no error text (a Python
-traceback, an error output) appears, and no script on the page raises. Prints each problem and exits 1 if there are any. Needs
+For every page in _toc.yml, with every request that would leave the machine blocked (a reader
+offline or behind a firewall): the page asks the network for nothing, renders with a heading,
+typesets every equation (MathJax is served by the book), loads every image, has every internal
+link pointing at a file of the book (and same-page anchors exist), shows no error text (a
+Python traceback, an error output), and no script on it raises. Prints each problem and exits 1
+if there are any. Needs
 ``playwright`` (pip) and a Chromium binary (Debian: ``apt-get install chromium``); runs it with
 --headless --no-sandbox --disable-gpu and no background networking.
 """
@@ -55,7 +58,13 @@ async () => {
       setTimeout(() => resolve(img.complete && img.naturalWidth > 0), 5000);
     });
   }));
+  if (window.MathJax && window.MathJax.startup && window.MathJax.startup.promise) {
+    await window.MathJax.startup.promise;
+  }
+  const maths = Array.from(document.querySelectorAll(".math"));
   return {
+    equations: maths.length,
+    untypeset: maths.filter(m => !m.querySelector("mjx-container")).map(m => m.textContent.slice(0, 40)),
     heading: (document.querySelector("main h1, article h1, h1") || {}).textContent || "",
     images: images.map((img, i) => ({src: img.getAttribute("src"), ok: loaded[i]})),
     links: Array.from(document.querySelectorAll("main a[href], article a[href]")).map(a => a.getAttribute("href")),
@@ -78,15 +87,27 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
         page = browser.new_page()
         script_errors: list[str] = []
         page.on("pageerror", lambda error: script_errors.append(str(error).splitlines()[0]))
+        network: list[str] = []
+
+        def offline(route) -> None:
+            if route.request.url.startswith(("file:", "data:", "blob:")):
+                route.continue_()
+            else:
+                network.append(route.request.url)
+                route.abort()
+        page.route("**/*", offline)
         for name in pages:
             path = html_dir / f"{name}.html"
             if not path.exists():
                 problems.append(f"{name}: page missing ({path})")
                 continue
             script_errors.clear()
+            network.clear()
             page.goto(path.as_uri(), wait_until="load")
             facts = page.evaluate(_PAGE_FACTS)
             problems += [f"{name}: script error: {error}" for error in script_errors]
+            problems += [f"{name}: asks the network for {url}" for url in dict.fromkeys(network)]
+            problems += [f"{name}: equation not typeset: {text!r}" for text in facts["untypeset"]]
             if not facts["heading"].strip():
                 problems.append(f"{name}: no heading rendered")
             for image in facts["images"]:

@@ -1,11 +1,13 @@
-"""Drive a real JupyterLab in headless Chromium and check that a widget's slider redraws its figure.
+"""Drive a real JupyterLab in headless Chromium and check that each chapter's widget redraws.
 
-    .venv/bin/python tools/check_widget.py [--notebook notebooks/02_hamiltonian_monte_carlo.ipynb]
+    .venv/bin/python tools/check_widget.py [--notebook notebooks/05_training_loops.ipynb]
 
-Starts a JupyterLab server on a free local port (test run profile, so the chapter runs in
-seconds), opens the chapter, runs all its cells, then moves the first slider of the first widget
-(HMC iterations in chapter 2) with the keyboard and waits for the widget's figure to change.
-Exit status 0 when it did. Slower than the test run (a minute or two), so not part of it.
+For each chapter with a widget (chapters 2 and 5, or the one given), starts a JupyterLab server
+on a free local port (test run profile, so the chapter runs in seconds) on a temporary copy of
+the chapter, runs all its cells, moves the first slider of the first widget with the keyboard
+(HMC iterations in chapter 2, the batch size in chapter 5) and waits for what the widget shows
+(chapter 2's figure, chapter 5's timing line) to change. The copy is removed afterwards. Exit
+status 0 when every widget redrew. Slower than the test run (minutes), so not part of it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +30,6 @@ from check_book import CHROMIUM_ARGS, find_chromium  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_server(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -46,11 +41,19 @@ def _wait_for_server(url: str, timeout: float = 120) -> None:
     raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout:.0f} s")
 
 
-def _widget_image(page) -> str | None:
-    """The src of the figure inside the first widget's output area (a data URL), or None."""
+WIDGET_CHAPTERS = ("notebooks/02_hamiltonian_monte_carlo.ipynb", "notebooks/05_training_loops.ipynb")
+
+
+def _widget_view(page) -> str | None:
+    """What the first widget's output area shows: its figure (a data URL) or its text; None while
+    it shows nothing yet or says it is compiling."""
     return page.evaluate("""() => {
-        const img = document.querySelector('.widget-vbox .jp-OutputArea-output img, .widget-output img');
-        return img ? img.getAttribute('src') : null;
+        const area = document.querySelector('.widget-vbox .widget-output');
+        if (!area) return null;
+        const img = area.querySelector('img');
+        if (img) return img.getAttribute('src');
+        const text = area.innerText.trim();
+        return text && !text.startsWith('compiling') ? text : null;
     }""")
 
 
@@ -61,10 +64,12 @@ def check(notebook: str, timeout: float) -> None:
     if chromium is None:
         raise SystemExit("no Chromium found (apt-get install chromium)")
     # The server works on a copy: JupyterLab autosaves, and the chapter's committed outputs must stay.
+    from vcd_helpers.distributed import free_local_ports
+
     workdir = Path(tempfile.mkdtemp(prefix="check-widget-"))
     shutil.copy(ROOT / notebook, workdir / Path(notebook).name)
     notebook = Path(notebook).name
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_local_ports(1)[0], secrets.token_hex(16)
     env = os.environ | {"VCD_PROFILE": "test"}
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "jupyter-lab"), "--no-browser", f"--port={port}", "--ip=127.0.0.1",
@@ -86,34 +91,37 @@ def check(notebook: str, timeout: float) -> None:
                 page.screenshot(path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "check_widget.png"), full_page=True)
                 raise
             deadline = time.monotonic() + timeout
-            while _widget_image(page) is None:
+            while _widget_view(page) is None:
                 if time.monotonic() > deadline:
-                    raise TimeoutError("the widget never drew its figure")
+                    raise TimeoutError(f"{notebook}: the widget never showed its first result")
                 time.sleep(1)
-            before = _widget_image(page)
+            before = _widget_view(page)
             slider = page.locator(".widget-slider").first
             readout = slider.locator(".widget-readout")
             old_value = readout.inner_text()
             slider.locator(".noUi-handle").first.focus()
             for _ in range(5):
                 page.keyboard.press("ArrowRight")
-            while readout.inner_text() == old_value or _widget_image(page) in (before, None):
+            while readout.inner_text() == old_value or _widget_view(page) in (before, None):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"slider {old_value} -> {readout.inner_text()}: the figure did not change")
+                    raise TimeoutError(f"{notebook}: slider {old_value} -> {readout.inner_text()}: the widget did "
+                                       "not redraw")
                 time.sleep(1)
-            print(f"slider moved {old_value} -> {readout.inner_text()} and the widget's figure was redrawn")
+            print(f"{notebook}: slider moved {old_value} -> {readout.inner_text()} and the widget redrew")
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--notebook", default="notebooks/02_hamiltonian_monte_carlo.ipynb")
+    parser.add_argument("--notebook", help="one chapter (default: every chapter with a widget)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for the cells and the redraw")
     args = parser.parse_args()
-    check(args.notebook, args.timeout)
+    for notebook in [args.notebook] if args.notebook else WIDGET_CHAPTERS:
+        check(notebook, args.timeout)
     return 0
 
 

@@ -3,7 +3,7 @@
     python tools/execute_notebooks.py notebooks/00_data.ipynb [...]
 
 Runs each notebook top to bottom in the ``test`` run profile from inside ``notebooks/`` and
-writes it back with execution timings stripped. Fails, writing nothing, if a cell raises or
+writes it back with execution timings and widget state stripped. Fails, writing nothing, if a cell raises or
 writes to stderr: stderr (TensorFlow's log lines above all) differs between machines and would
 break strict nbval runs elsewhere.
 """
@@ -21,7 +21,9 @@ from nbclient import NotebookClient
 def execute(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     os.environ["VCD_PROFILE"] = "test"
-    NotebookClient(notebook, timeout=900, kernel_name="python3",
+    # No widget state: a widget does nothing without a live kernel, and the book shows none.
+    notebook.metadata.pop("widgets", None)
+    NotebookClient(notebook, timeout=900, kernel_name="python3", store_widget_state=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for index, cell in enumerate(notebook.cells):
         cell.metadata.pop("execution", None)
