@@ -4,7 +4,8 @@
 
 For every page in _toc.yml, with every request that would leave the machine blocked (a reader
 offline or behind a firewall): the page asks the network for nothing, renders with a heading,
-typesets every equation (MathJax is served by the book), loads every image, has every internal
+typesets every equation (MathJax is served by the book), cuts no line off behind a horizontal
+scrollbar (in a 1280-pixel window), loads every image, has every internal
 link pointing at a file of the book (and same-page anchors exist), shows no error text (a
 Python traceback, an error output), and no script on it raises. Prints each problem and exits 1
 if there are any. Needs
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-extensions",
                  "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 800}  # a laptop's browser window
 ERROR_MARKERS = ("Traceback (most recent call last)", "OperatorNotAllowedInGraphError")
 
 
@@ -64,6 +66,9 @@ async () => {
   const maths = Array.from(document.querySelectorAll(".math"));
   return {
     equations: maths.length,
+    // Code, outputs and tables whose lines are cut off behind a horizontal scrollbar.
+    cut_off: Array.from(document.querySelectorAll("article pre, .pst-scrollable-table-container, .table-wrapper"))
+      .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim().slice(0, 60)),
     untypeset: maths.filter(m => !m.querySelector("mjx-container")).map(m => m.textContent.slice(0, 40)),
     heading: (document.querySelector("main h1, article h1, h1") || {}).textContent || "",
     images: images.map((img, i) => ({src: img.getAttribute("src"), ok: loaded[i]})),
@@ -84,7 +89,7 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
     html_dir = html_dir.resolve()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page()
+        page = browser.new_page(viewport=VIEWPORT)
         script_errors: list[str] = []
         page.on("pageerror", lambda error: script_errors.append(str(error).splitlines()[0]))
         network: list[str] = []
@@ -108,6 +113,7 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
             problems += [f"{name}: script error: {error}" for error in script_errors]
             problems += [f"{name}: asks the network for {url}" for url in dict.fromkeys(network)]
             problems += [f"{name}: equation not typeset: {text!r}" for text in facts["untypeset"]]
+            problems += [f"{name}: lines cut off behind a horizontal scrollbar: {text!r}" for text in facts["cut_off"]]
             if not facts["heading"].strip():
                 problems.append(f"{name}: no heading rendered")
             for image in facts["images"]:

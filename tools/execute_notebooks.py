@@ -3,7 +3,7 @@
     python tools/execute_notebooks.py notebooks/00_data.ipynb [...]
 
 Runs each notebook top to bottom in the ``test`` run profile from inside ``notebooks/`` and
-writes it back with execution timings and widget state stripped. Fails, writing nothing, if a cell raises or
+writes it back with execution timings, widget state and widget views stripped. Fails, writing nothing, if a cell raises or
 writes to stderr: stderr (TensorFlow's log lines above all) differs between machines and would
 break strict nbval runs elsewhere.
 """
@@ -17,14 +17,31 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def strip_widgets(notebook: nbformat.NotebookNode, path: Path) -> None:
+    """No widget state or view is kept: a widget does nothing without a live kernel. A progress bar
+    keeps its text; an explorer's cell (tagged remove-output, as the book shows it) keeps no
+    output, so a reader of the committed notebook sees the code and the static figure beside it.
+    (nbclient must record the state while executing: its Output-widget hook fails without it.)"""
+    notebook.metadata.pop("widgets", None)
+    for index, cell in enumerate(notebook.cells):
+        tags = cell.metadata.get("tags", [])
+        if "remove-output" in tags:
+            if "nbval-ignore-output" not in tags:
+                raise SystemExit(f"{path}: cell {index} is tagged remove-output: tag it nbval-ignore-output too")
+            cell.outputs = []
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop(WIDGET_VIEW, None)
+
 
 def execute(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     os.environ["VCD_PROFILE"] = "test"
-    # No widget state: a widget does nothing without a live kernel, and the book shows none.
-    notebook.metadata.pop("widgets", None)
-    NotebookClient(notebook, timeout=900, kernel_name="python3", store_widget_state=False,
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
+    strip_widgets(notebook, path)
     for index, cell in enumerate(notebook.cells):
         cell.metadata.pop("execution", None)
         for output in cell.get("outputs", []):

@@ -166,14 +166,15 @@ def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_
 
 
 def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
-    """A plain-text table of the rows, with the large-matmul rate for comparison."""
-    lines = [f"dense float32 matmul on this machine: {matmul_rate:.0f} GFLOP/s at 1024^3 (XLA); "
-             "'shape GFLOP/s' is the rate at the step's widest multiply (batch x 200 x 784), "
-             "'bound ms' the step's time if every FLOP ran at that rate",
-             f"{'config':<12}{'batch':>7}{'ms/step':>10}{'examples/s':>12}{'GFLOP/s':>10}{'of 1024^3':>11}"
-             f"{'shape GFLOP/s':>15}{'bound ms':>10}"]
+    """A plain-text table of the rows (at most 80 characters wide: it is printed in the book), with
+    the large-matmul rate for comparison on the line above it."""
+    lines = [f"dense float32 matmul here: {matmul_rate:.0f} GFLOP/s at 1024^3 (XLA)",
+             "shape GFLOP/s: the rate at the step's widest multiply (batch x 200 x 784)",
+             "bound ms: the step's time if all its FLOPs ran at that rate",
+             f"{'config':<10}{'batch':>6}{'ms/step':>9}{'examples/s':>11}{'GFLOP/s':>9}{'of 1024^3':>10}"
+             f"{'shape GFLOP/s':>14}{'bound ms':>9}"]
     for r in rows:
-        lines.append(f"{r.config:<12}{r.batch_size:>7}{r.ms_per_step:>10.1f}{r.examples_per_second:>12.0f}"
-                     f"{r.gflops_per_second:>10.1f}{r.gflops_per_second / matmul_rate:>11.0%}"
-                     f"{r.shape_gflops:>15.0f}{r.bound_ms:>10.1f}")
+        lines.append(f"{r.config:<10}{r.batch_size:>6}{r.ms_per_step:>9.1f}{r.examples_per_second:>11.0f}"
+                     f"{r.gflops_per_second:>9.1f}{r.gflops_per_second / matmul_rate:>10.0%}"
+                     f"{r.shape_gflops:>14.0f}{r.bound_ms:>9.1f}")
     return "\n".join(lines)
