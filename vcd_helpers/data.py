@@ -30,7 +30,6 @@ import logging
 import os
 import pickle
 import shutil
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ import tensorflow as tf
 from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.seeds import as_seed
-from vcd_helpers.timing import time_calls
+from vcd_helpers.timing import Stopwatch, time_calls
 
 log = logging.getLogger(__name__)
 
@@ -225,11 +224,11 @@ def _fetch_larochelle(directory: Path) -> bool:
         if offline:
             return False
         url = LAROCHELLE_URL.format(split=split)
-        start = time.perf_counter()
+        clock = Stopwatch()
         try:
             _download(url, path)
         except OSError as error:  # URLError, time-outs, refused connections are all OSErrors
-            log.info("download of %s failed after %.1f s (%s)", url, time.perf_counter() - start, error)
+            log.info("download of %s failed after %.1f s (%s)", url, clock.elapsed, error)
             return False
         _verify_amat(path, split)
     return True

@@ -40,7 +40,6 @@ import math
 import os
 import shutil
 import sys
-import time
 import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -57,7 +56,7 @@ from vcd_helpers.distributed import strategy_name
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
-from vcd_helpers.timing import Stopwatch
+from vcd_helpers.timing import Stopwatch, time_calls
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import Trainer, fit
 
@@ -331,9 +330,8 @@ class LearningCurve:
 
     def record(self, step: int, train_seconds: float) -> float:
         """Evaluate now, as step ``step``, and append the row; returns the seconds it took."""
-        started = time.perf_counter()
-        record = _evaluation_record(self.evaluate(self.images, self.config.seed), self.config.curve)
-        seconds = time.perf_counter() - started
+        timed = time_calls(lambda: self.evaluate(self.images, self.config.seed), repeats=1, warmup=0)
+        record, seconds = _evaluation_record(timed.outputs[0], self.config.curve), timed.median
         row = [step, f"{step / self.config.steps_per_epoch:.4f}", f"{train_seconds:.3f}", f"{record['mean']:.6f}",
                record["standard_error"], record["num_examples"], record["num_samples"], record["proposal"],
                f"{seconds:.2f}"]
@@ -591,11 +589,12 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     partial = results_dir / PARTIAL_DIR / f"{Path(evaluation_file_name(evaluation)).stem}-{digest}"
     done, seconds_before = _read_partial(partial)
-    started = last = time.perf_counter()
+    clock = Stopwatch(offset=seconds_before)
+    last = clock.elapsed
 
     def save(k: int, estimates: np.ndarray) -> None:
         nonlocal last
-        now = time.perf_counter()
+        now = clock.elapsed
         partial.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         np.savez(buffer, estimates=estimates, seconds=now - last)
@@ -604,7 +603,7 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_
 
     images = load_binarized_mnist(evaluation.split)
     result = make_evaluator(model, evaluation, config.hmc)(images, config.seed, done=done, on_batch=save)
-    seconds = seconds_before + time.perf_counter() - started
+    seconds = clock.elapsed
     shutil.rmtree(partial, ignore_errors=True)
     with contextlib.suppress(OSError):  # other evaluations may still be in progress there
         partial.parent.rmdir()
@@ -719,13 +718,13 @@ def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100,
     model, config, step = _restore_writable(results_dir)
     check_positive_int("num_examples", num_examples)
     images = load_binarized_mnist(config.evaluation.split)[:num_examples]
-    started = time.perf_counter()
-    per_example = ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
-                                     num_chains=num_chains, seed=config.seed)
+    timed = time_calls(lambda: ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
+                                                  num_chains=num_chains, seed=config.seed), repeats=1, warmup=0)
+    per_example = timed.outputs[0]
     record = _summary(per_example, config.evaluation.split) | {"method": "ais", "num_temperatures": num_temperatures,
                                                                "num_chains": num_chains}
     name = f"evaluation-ais-T{num_temperatures}-K{num_chains}-N{len(images)}.json"
-    return _save_evaluation(Path(results_dir) / name, record, per_example, step, time.perf_counter() - started)
+    return _save_evaluation(Path(results_dir) / name, record, per_example, step, timed.median)
 
 
 def _restore_writable(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
