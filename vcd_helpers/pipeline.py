@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import Config, check_positive_int
+from vcd_helpers.hmc import HMCResult
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
 from vcd_helpers.training import VCDEstimate, VCDTrainer
@@ -215,6 +216,47 @@ class Timeline(NamedTuple):
         return [b / self.span for b in busy]
 
 
+class EncoderForward(NamedTuple):
+    """What stage 0's forward keeps for its backward: the tape on the encoder, loc, scale [b, D],
+    the noise eps [b, D], and z0 [b, D] (sent to stage 1)."""
+
+    tape: tf.GradientTape
+    loc: tf.Tensor
+    scale: tf.Tensor
+    eps: tf.Tensor
+    z0: tf.Tensor
+
+
+class DecoderForward(NamedTuple):
+    """What stage 2's forward keeps for its backward: the tape on the decoder and log p(x | zT) [b]."""
+
+    tape: tf.GradientTape
+    log_likelihood: tf.Tensor
+
+
+class DecoderMessage(NamedTuple):
+    """Stage 2's backward: the decoder's gradients and loss (a sum), and log p(x, zT) [b] for stage 0."""
+
+    gradients: list[tf.Tensor]
+    loss: tf.Tensor
+    log_joint_zT: tf.Tensor
+
+
+class ChainMessage(NamedTuple):
+    """Stage 1's backward, for stage 0: log p(x, z0) [b] and its gradient [b, D] at the chain's start."""
+
+    log_joint_z0: tf.Tensor
+    grad_z0: tf.Tensor
+
+
+class EncoderResult(NamedTuple):
+    """Stage 0's backward: the encoder's gradients (mean net, then scale net), loss (a sum) and g [b]."""
+
+    gradients: list[tf.Tensor]
+    loss: tf.Tensor
+    g: tf.Tensor
+
+
 class PipelinedVCDTrainer(VCDTrainer):
     """A VCD trainer whose step runs as a pipeline over three devices.
 
@@ -255,80 +297,88 @@ class PipelinedVCDTrainer(VCDTrainer):
         origin = times[:, 0].min()
         return metrics, Timeline(list(self.order), times[:, 0] - origin, times[:, 1] - origin)
 
+    # The six tasks of a micro-batch, one method each. What a forward keeps for its backward and
+    # what a backward sends upstream are named tuples; the schedule decides when each runs.
+
+    def encoder_forward(self, x_m: tf.Tensor, noise_seed: tf.Tensor) -> EncoderForward:
+        """Stage 0: loc, scale = encoder(x), z0 = loc + scale * eps, under a tape on the encoder."""
+        tape = tf.GradientTape(watch_accessed_variables=False)
+        # Recomputation keeps only the encoder's input from forward to backward.
+        encoder = tf.recompute_grad(self.model.encoder) if self.pipeline.recompute_encoder else self.model.encoder
+        with tape:
+            tape.watch(self._encoder_variables())
+            loc, scale = encoder(x_m)
+        eps = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+        return EncoderForward(tape, loc, scale, eps, tf.stop_gradient(loc + scale * eps))
+
+    def _encoder_variables(self) -> list[tf.Variable]:
+        groups = self.model.parameter_groups()
+        return list(groups["encoder_mean"]) + list(groups["encoder_scale"])
+
+    def chain_forward(self, x_m: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, chain_seed: tf.Tensor) -> HMCResult:
+        """Stage 1: the HMC chain from z0 on log p(x, .)."""
+        return self.chain(x_m, z0, step_size, chain_seed)
+
+    def decoder_forward(self, x_m: tf.Tensor, zT: tf.Tensor) -> DecoderForward:
+        """Stage 2: log p(x | zT) under a tape on the decoder."""
+        tape = tf.GradientTape(watch_accessed_variables=False)
+        with tape:
+            tape.watch(self.model.parameter_groups()["decoder"])
+            log_likelihood = bernoulli_log_likelihood(x_m, self.model.decoder(zT))
+        return DecoderForward(tape, log_likelihood)
+
+    def decoder_backward(self, forward: DecoderForward, zT: tf.Tensor) -> DecoderMessage:
+        """Stage 2: the decoder's gradients and loss, and log p(x, zT) for the encoder's g."""
+        # d decoder_loss / d log_likelihood is -1 for every example.
+        gradients = forward.tape.gradient(forward.log_likelihood, self.model.parameter_groups()["decoder"],
+                                          output_gradients=-tf.ones_like(forward.log_likelihood))
+        log_joint_zT = tf.stop_gradient(forward.log_likelihood) + standard_normal_log_prob(zT)
+        return DecoderMessage(gradients, -tf.reduce_sum(forward.log_likelihood), log_joint_zT)
+
+    def chain_backward(self, chain: HMCResult) -> ChainMessage:
+        """Stage 1: the chain's first evaluation, log p(x, z0) and its gradient, sent to the encoder."""
+        return ChainMessage(tf.identity(chain.initial_log_prob), tf.identity(chain.initial_gradient))
+
+    def encoder_backward(self, forward: EncoderForward, zT: tf.Tensor, chain: ChainMessage,
+                         decoder: DecoderMessage, baseline_m: tf.Tensor) -> EncoderResult:
+        """Stage 0: the encoder's surrogate loss from the messages, and its gradients."""
+        with tf.GradientTape() as head:
+            head.watch([forward.loc, forward.scale])
+            loss, g = encoder_surrogate_loss(forward.loc, forward.scale, forward.loc + forward.scale * forward.eps, zT,
+                                             chain.log_joint_z0, chain.grad_z0, decoder.log_joint_zT, baseline_m)
+        d_loc, d_scale = head.gradient(loss, [forward.loc, forward.scale])
+        gradients = forward.tape.gradient([forward.loc, forward.scale], self._encoder_variables(),
+                                          output_gradients=[d_loc, d_scale])
+        return EncoderResult(gradients, loss, g)
+
     def estimate_gradients_pipelined(self, x: tf.Tensor, baseline: tf.Tensor,
                                      seed: tf.Tensor) -> tuple[VCDEstimate, tf.Tensor]:
         """The pipelined counterpart of ``training.accumulate_gradients``: x [B, 784], baseline [B], seed
-        [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2]). Changes no state."""
+        [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2]). Changes no state.
+
+        Runs the tasks in ``self.order``, each on its stage's device after the task before it on that
+        device (every task before it, for the sequential schedule), and stamps its start and end."""
         p = self.pipeline
         b = p.micro_batch_size
-        model = self.model
-        groups = model.parameter_groups()
-        encoder_variables = list(groups["encoder_mean"]) + list(groups["encoder_scale"])
-        num_mean = len(groups["encoder_mean"])
         step_size = tf.convert_to_tensor(self.step_size)
+        done: dict[Task, NamedTuple] = {}
 
-        def encoder_fn(x_m):
-            return model.encoder(x_m)
-
-        encoder = tf.recompute_grad(encoder_fn) if p.recompute_encoder else encoder_fn
-        state: dict[tuple[str, int], object] = {}
-
-        def forward(stage: int, m: int) -> list[tf.Tensor]:
+        def run(task: Task) -> NamedTuple:
+            m = task.micro_batch
             x_m = x[m * b:(m + 1) * b]
             noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
                 tf.random.experimental.stateless_fold_in(seed, m), 2))
-            if stage == 0:
-                tape = tf.GradientTape(persistent=False, watch_accessed_variables=False)
-                with tape:
-                    tape.watch(encoder_variables)
-                    loc, scale = encoder(x_m)
-                eps = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
-                state["encoder", m] = (tape, loc, scale, eps)
-                z0 = tf.stop_gradient(loc + scale * eps)
-                state["z0", m] = z0
-                return [z0]
-            if stage == 1:
-                chain = self.chain(x_m, state["z0", m], step_size, chain_seed)
-                state["chain", m] = chain
-                return [chain.final_state, chain.accept_rate, chain.step_size]
-            zT = state["chain", m].final_state
-            tape = tf.GradientTape(watch_accessed_variables=False)
-            with tape:
-                tape.watch(groups["decoder"])
-                log_likelihood = bernoulli_log_likelihood(x_m, model.decoder(zT))
-            state["decoder", m] = (tape, log_likelihood)
-            return [log_likelihood]
-
-        def backward(stage: int, m: int) -> list[tf.Tensor]:
-            if stage == 2:
-                tape, log_likelihood = state["decoder", m]
-                decoder_loss = -tf.reduce_sum(log_likelihood)
-                # d decoder_loss / d log_likelihood is -1 for every example.
-                gradients = tape.gradient(log_likelihood, groups["decoder"],
-                                          output_gradients=-tf.ones_like(log_likelihood))
-                zT = state["chain", m].final_state
-                log_joint_zT = tf.stop_gradient(log_likelihood) + standard_normal_log_prob(zT)
-                state["decoder_out", m] = (gradients, decoder_loss)
-                state["log_joint_zT", m] = log_joint_zT
-                return [decoder_loss, log_joint_zT, *gradients]
-            if stage == 1:  # the chain's first evaluation, sent on to the encoder
-                chain = state["chain", m]
-                log_joint_z0, grad_z0 = tf.identity(chain.initial_log_prob), tf.identity(chain.initial_gradient)
-                state["z0_message", m] = (log_joint_z0, grad_z0)
-                return [log_joint_z0, grad_z0]
-            tape, loc, scale, eps = state["encoder", m]
-            zT = state["chain", m].final_state
-            log_joint_z0, grad_z0 = state["z0_message", m]
-            log_joint_zT = state["log_joint_zT", m]
-            baseline_m = baseline[m * b:(m + 1) * b]
-            with tf.GradientTape() as head:
-                head.watch([loc, scale])
-                encoder_loss, g = encoder_surrogate_loss(loc, scale, loc + scale * eps, zT, log_joint_z0, grad_z0,
-                                                         log_joint_zT, baseline_m)
-            d_loc, d_scale = head.gradient(encoder_loss, [loc, scale])
-            gradients = tape.gradient([loc, scale], encoder_variables, output_gradients=[d_loc, d_scale])
-            state["encoder_out", m] = (gradients, encoder_loss, g)
-            return [encoder_loss, *gradients]
+            chain = done.get(Task("F", 1, m))
+            if task.kind == "F":
+                return (self.encoder_forward(x_m, noise_seed) if task.stage == 0 else
+                        self.chain_forward(x_m, done[Task("F", 0, m)].z0, step_size, chain_seed) if task.stage == 1
+                        else self.decoder_forward(x_m, chain.final_state))
+            if task.stage == 2:
+                return self.decoder_backward(done[Task("F", 2, m)], chain.final_state)
+            if task.stage == 1:
+                return self.chain_backward(chain)
+            return self.encoder_backward(done[Task("F", 0, m)], chain.final_state, done[Task("B", 1, m)],
+                                         done[Task("B", 2, m)], baseline[m * b:(m + 1) * b])
 
         times = []
         last_on_device: dict[int, tf.Tensor] = {}
@@ -339,27 +389,26 @@ class PipelinedVCDTrainer(VCDTrainer):
                 with tf.control_dependencies([] if after is None else [after]):
                     start = tf.timestamp()
                 with tf.control_dependencies([start]):
-                    outputs = (forward if task.kind == "F" else backward)(task.stage, task.micro_batch)
-                with tf.control_dependencies(outputs):
+                    done[task] = run(task)
+                with tf.control_dependencies([t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]):
                     end = tf.timestamp()
             times.append(tf.stack([start, end]))
             last_on_device[task.stage] = previous_end = end
 
         micro = range(p.gradient_accumulation)
+        encoder = [done[Task("B", 0, m)] for m in micro]
+        decoder = [done[Task("B", 2, m)] for m in micro]
+        chains = [done[Task("F", 1, m)] for m in micro]
         with tf.device(p.device(0)):
-            encoder_sums = [tf.add_n([state["encoder_out", m][0][k] for m in micro]) for k in range(len(encoder_variables))]
+            encoder_sums = [tf.add_n(parts) for parts in zip(*(e.gradients for e in encoder))]
         with tf.device(p.device(2)):
-            decoder_sums = [tf.add_n([state["decoder_out", m][0][k] for m in micro])
-                            for k in range(len(groups["decoder"]))]
+            decoder_sums = [tf.add_n(parts) for parts in zip(*(d.gradients for d in decoder))]
+        num_mean = len(self.model.parameter_groups()["encoder_mean"])
         gradients = {"encoder_mean": encoder_sums[:num_mean], "encoder_scale": encoder_sums[num_mean:],
                      "decoder": decoder_sums}
-        estimate = VCDEstimate(
-            gradients,
-            tf.add_n([state["encoder_out", m][1] for m in micro]),
-            tf.add_n([state["decoder_out", m][1] for m in micro]),
-            tf.concat([state["encoder_out", m][2] for m in micro], 0),
-            tf.reduce_mean([state["chain", m].accept_rate for m in micro]),
-            tf.reduce_mean([state["chain", m].step_size for m in micro]))
+        estimate = VCDEstimate(gradients, tf.add_n([e.loss for e in encoder]), tf.add_n([d.loss for d in decoder]),
+                               tf.concat([e.g for e in encoder], 0), tf.reduce_mean([c.accept_rate for c in chains]),
+                               tf.reduce_mean([c.step_size for c in chains]))
         return estimate, tf.stack(times)
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
