@@ -38,7 +38,8 @@ test: setup $(ASSETS)
 book: setup $(ASSETS)
 	VCD_PROFILE=$${VCD_PROFILE:-book} $(BIN)/jupyter-book build . -W --keep-going
 
-# Re-execute the committed notebooks in the test profile (after editing a chapter).
+# Re-execute the committed notebooks in the book profile (after editing a chapter; on a quiet machine:
+# the chapters time things), so that they show the book's real outputs; nbval checks them in the test profile.
 notebooks: setup
 	$(BIN)/python tools/execute_notebooks.py notebooks/*.ipynb
 

@@ -86,33 +86,40 @@ def check(notebook: str, timeout: float) -> None:
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=60_000)
             page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=30_000)
             try:
-                page.wait_for_selector(".widget-slider", timeout=timeout * 1000)
+                _see_widget_redraw(page, notebook, timeout)
             except Exception:
-                page.screenshot(path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "check_widget.png"), full_page=True)
+                shot = Path(tempfile.gettempdir()) / "check_widget.png"
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"{notebook}: the page as it was is in {shot}", file=sys.stderr)
                 raise
-            deadline = time.monotonic() + timeout
-            while _widget_view(page) is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{notebook}: the widget never showed its first result")
-                time.sleep(1)
-            before = _widget_view(page)
-            slider = page.locator(".widget-slider").first
-            readout = slider.locator(".widget-readout")
-            old_value = readout.inner_text()
-            slider.locator(".noUi-handle").first.focus()
-            for _ in range(5):
-                page.keyboard.press("ArrowRight")
-            while readout.inner_text() == old_value or _widget_view(page) in (before, None):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{notebook}: slider {old_value} -> {readout.inner_text()}: the widget did "
-                                       "not redraw")
-                time.sleep(1)
-            print(f"{notebook}: slider moved {old_value} -> {readout.inner_text()} and the widget redrew")
             browser.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _see_widget_redraw(page, notebook: str, timeout: float) -> None:
+    page.wait_for_selector(".widget-slider", timeout=timeout * 1000)
+    deadline = time.monotonic() + timeout
+    slider = page.locator(".widget-slider").first
+    # JupyterLab keeps only the cells near the viewport in the page, and Run All scrolls on to the last cell.
+    while slider.scroll_into_view_if_needed() or _widget_view(page) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{notebook}: the widget never showed its first result")
+        time.sleep(1)
+    before = _widget_view(page)
+    readout = slider.locator(".widget-readout")
+    old_value = readout.inner_text()
+    slider.locator(".noUi-handle").first.focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowRight")
+    while readout.inner_text() == old_value or _widget_view(page) in (before, None):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{notebook}: slider {old_value} -> {readout.inner_text()}: the widget did "
+                               "not redraw")
+        time.sleep(1)
+    print(f"{notebook}: slider moved {old_value} -> {readout.inner_text()} and the widget redrew")
 
 
 def main() -> int:

@@ -1,17 +1,22 @@
-"""Execute chapters in place, as the test run will, so their stored outputs are what nbval expects.
+"""Execute chapters in place, so that the committed notebooks show what the book shows.
 
-    python tools/execute_notebooks.py notebooks/00_data.ipynb [...]
+    python tools/execute_notebooks.py [--profile book|test] notebooks/00_data.ipynb [...]
 
-Runs each notebook top to bottom in the ``test`` run profile from inside ``notebooks/`` and
-writes it back with execution timings, widget state and widget views stripped. Fails, writing nothing, if a cell raises or
-writes to stderr: stderr (TensorFlow's log lines above all) differs between machines and would
-break strict nbval runs elsewhere.
+Runs each notebook top to bottom from inside ``notebooks/``, in the ``book`` run profile unless
+told otherwise, and writes it back with execution timings, widget state and widget views
+stripped. A reader opening a chapter on a code host or in JupyterLab then sees the book's real
+figures and numbers, while ``pytest --nbval`` still runs the chapters in the quick ``test``
+profile: every cell whose output depends on the profile (or the machine, or the time) is tagged
+``nbval-ignore-output`` and followed by assertions. ``--profile test`` is a quick check while
+editing. Fails, writing nothing, if a cell raises or writes to stderr: stderr (TensorFlow's log
+lines above all) differs between machines and would break strict nbval runs elsewhere. Run it on
+a quiet machine: the chapters time things.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 from pathlib import Path
 
 import nbformat
@@ -36,10 +41,10 @@ def strip_widgets(notebook: nbformat.NotebookNode, path: Path) -> None:
             output.get("data", {}).pop(WIDGET_VIEW, None)
 
 
-def execute(path: Path) -> None:
+def execute(path: Path, profile: str) -> None:
     notebook = nbformat.read(path, as_version=4)
-    os.environ["VCD_PROFILE"] = "test"
-    NotebookClient(notebook, timeout=900, kernel_name="python3",
+    os.environ["VCD_PROFILE"] = profile
+    NotebookClient(notebook, timeout=1800, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     strip_widgets(notebook, path)
     for index, cell in enumerate(notebook.cells):
@@ -48,11 +53,14 @@ def execute(path: Path) -> None:
             if output.get("name") == "stderr":
                 raise SystemExit(f"{path}: cell {index} wrote to stderr:\n{output['text'][:2000]}")
     nbformat.write(notebook, path)
-    print(f"executed {path}")
+    print(f"executed {path} in the {profile} profile")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit(__doc__)
-    for name in sys.argv[1:]:
-        execute(Path(name))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=("book", "test"), default="book",
+                        help="run profile (default: book, what the published book shows)")
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args()
+    for notebook in args.notebooks:
+        execute(notebook, args.profile)

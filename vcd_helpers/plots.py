@@ -45,19 +45,23 @@ def plot_training_curve(history: dict[str, np.ndarray], *, key: str = "loss", ax
 
 def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_sizes: np.ndarray,
                  before: np.ndarray, after: np.ndarray, *, title: str = "") -> plt.Figure:
-    """Four panels for an HMC run on p(z | x) of several digits.
+    """Four panels (two by two, readable at a book's width) for an HMC run on p(z | x) of several
+    digits: each chain's climb in log p(x, z) from its start (the climb, a few nats, would vanish
+    beside the tens of nats that separate digits), acceptance and step size, and decoded digits.
 
     trace_log_probs [T + 1, B] (row 0 at the start), accept_rates [T], step_sizes [T];
     before, after [n, 784]: decoder means at the first and last state of n chains.
     """
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.2))
+    axes = axes.ravel()
     iterations = np.arange(len(trace_log_probs))
-    mean = trace_log_probs.mean(axis=1)
-    low, high = np.percentile(trace_log_probs, [10, 90], axis=1)
+    climb = trace_log_probs - trace_log_probs[0]
+    low, high = np.percentile(climb, [10, 90], axis=1)
     axes[0].fill_between(iterations, low, high, alpha=0.3, label="10-90% of chains")
-    axes[0].plot(iterations, mean, label="mean")
-    axes[0].set(xlabel="HMC iteration", ylabel="log p(x, z)", title="log joint along the chain")
-    axes[0].legend(loc="lower right")
+    axes[0].plot(iterations, climb.mean(axis=1), label="mean")
+    axes[0].axhline(0, color="gray", lw=0.8)
+    axes[0].set(xlabel="HMC iteration", ylabel="log p(x, z_t) - log p(x, z_0)", title="climb of the log joint")
+    axes[0].legend(loc="best")
     ax_rate = axes[1]
     ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green")
     ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1)
