@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -108,3 +109,15 @@ def test_the_learning_curve_falls_on_whole_logging_windows():
     assert load_config("default", batch_size=16, curve_every_epochs=25).curve_every_steps == 78_100
     with pytest.raises(ValueError, match="curve_every_epochs=0 is invalid"):
         load_config("default", curve_every_epochs=0)
+
+
+def test_profile_validation_names_the_bad_value():
+    book = config.get_profile("book")
+    with pytest.raises(ValueError, match="profile.timed_calls"):
+        dataclasses.replace(book, timed_calls=0)
+    with pytest.raises(ValueError, match="profile.timed_preset 'huge' is invalid: must be one of"):
+        dataclasses.replace(book, timed_preset="huge")
+    with pytest.raises(ValueError, match=r"profile.batch_sizes \(16, -1\) is invalid"):
+        dataclasses.replace(book, batch_sizes=(16, -1))
+    for profile in config.PROFILES.values():  # every profile's timed step loads
+        config.load_config(profile.timed_preset)

@@ -430,7 +430,10 @@ class RunProfile:
     ``train_steps``: optimiser steps of a chapter's training run; ``eval_examples``,
     ``eval_samples``, ``eval_burn_in``, ``eval_kept``: the importance-sampled evaluation;
     ``hmc_examples``: test digits in the HMC demonstrations; ``gradient_draws``: independent
-    draws of the gradient estimator when chapter 4 measures its variance.
+    draws of the gradient estimator when chapter 4 measures its variance. What the timing
+    chapters (4 to 6) measure: ``timed_preset``, the preset of the step they time (the paper's, or
+    a small one whose compilations take seconds); ``timed_calls``, timed calls behind each median;
+    ``timed_steps``, the length of their timed loops; ``batch_sizes``, the batch sizes they sweep.
     """
 
     name: str
@@ -441,11 +444,20 @@ class RunProfile:
     eval_kept: int
     hmc_examples: int
     gradient_draws: int
+    timed_preset: str
+    timed_calls: int
+    timed_steps: int
+    batch_sizes: tuple[int, ...]
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            if f.name != "name":
+            if f.type == "int":
                 check_positive_int(f"profile.{f.name}", getattr(self, f.name))
+        if self.timed_preset not in available_presets():
+            raise ValueError(f"profile.timed_preset {self.timed_preset!r} is invalid: must be one of "
+                             f"{', '.join(available_presets())}")
+        if not self.batch_sizes or any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
+            raise ValueError(f"profile.batch_sizes {self.batch_sizes!r} is invalid: must be positive integers")
 
     def evaluation_config(self, base: EvaluationConfig | None = None) -> EvaluationConfig:
         """``base`` (default: the paper's) resized to this profile."""
@@ -459,13 +471,17 @@ class RunProfile:
         )
 
 
+_BOOK_SWEEP = (16, 100, 128, 512, 1024)
 PROFILES: dict[str, RunProfile] = {
     "test": RunProfile("test", train_steps=30, eval_examples=20, eval_samples=100,
-                       eval_burn_in=10, eval_kept=10, hmc_examples=8, gradient_draws=6),
+                       eval_burn_in=10, eval_kept=10, hmc_examples=8, gradient_draws=6,
+                       timed_preset="tiny", timed_calls=1, timed_steps=20, batch_sizes=(16, 128)),
     "book": RunProfile("book", train_steps=3000, eval_examples=1000, eval_samples=1000,
-                       eval_burn_in=100, eval_kept=100, hmc_examples=100, gradient_draws=50),
+                       eval_burn_in=100, eval_kept=100, hmc_examples=100, gradient_draws=50,
+                       timed_preset="default", timed_calls=3, timed_steps=200, batch_sizes=_BOOK_SWEEP),
     "paper": RunProfile("paper", train_steps=400_000, eval_examples=10_000, eval_samples=20_000,
-                        eval_burn_in=300, eval_kept=300, hmc_examples=1000, gradient_draws=200),
+                        eval_burn_in=300, eval_kept=300, hmc_examples=1000, gradient_draws=200,
+                        timed_preset="default", timed_calls=5, timed_steps=200, batch_sizes=_BOOK_SWEEP),
 }
 DEFAULT_PROFILE = "book"
 
