@@ -36,6 +36,18 @@ def test_variants_are_timed_turn_by_turn():
     assert order == ["a", "b", "a", "b"] and set(timings) == {"a", "b"}
 
 
+def test_cores_used_is_cpu_time_over_wall_time():
+    def spin():  # busy on one core until it has used 30 ms of CPU, however loaded the machine is
+        end = time.process_time() + 0.03
+        while time.process_time() < end:
+            pass
+
+    busy = timing.time_calls(spin, repeats=2, warmup=0)
+    idle = timing.time_calls(lambda: time.sleep(0.03), repeats=2, warmup=0)
+    assert sum(busy.cpu_seconds) >= 0.06 and busy.cores_used <= 1.5  # one thread: at most one core (+ noise)
+    assert idle.cores_used < 0.3 < busy.cores_used
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(repeats=0), "repeats=0 is invalid"),
     (dict(units=1.5), "units=1.5 is invalid"),

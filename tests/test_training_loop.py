@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import bench
+from vcd_helpers import bench, devices
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.trainers import build_trainer
@@ -80,10 +80,11 @@ def test_unknown_style_is_refused():
 def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape():
     assert bench.matmul_gflops(16, 32, 64, repeats=1) > 0
     row = bench.BenchmarkRow("default", 100, ms_per_step=50.0, examples_per_second=2000.0,
-                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0)
+                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0, cores_used=1.15)
     table = bench.format_benchmark([row], matmul_rate=150.0).splitlines()
-    assert table[-2].split()[-3:] == ["GFLOP/s", "bound", "ms"] and max(map(len, table)) <= 80
-    assert table[-1].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "90", "40.0"]
+    assert table[0].startswith(f"CPU: {devices.cpu_model()}") and max(map(len, table)) <= 80
+    assert table[-2].split()[-5:] == ["of", "dense", "cores", "shape", "bound"]
+    assert table[-1].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "1.15", "90", "40.0"]
 
 
 def test_the_speed_explorer_compiles_each_setting_once(monkeypatch):

@@ -15,6 +15,7 @@ test depends on how fast a machine is.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,7 +24,8 @@ import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, Config, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.timing import time_calls
+from vcd_helpers.devices import cpu_model
+from vcd_helpers.timing import Timing, time_calls
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import make_training_loop
 
@@ -120,7 +122,8 @@ def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, c
 class BenchmarkRow:
     """One configuration's timing. ``shape_gflops``: the machine's matmul rate at the step's
     widest multiply at this batch size (batch x hidden x 784), measured in the same run, and
-    ``bound_ms``: the step's time if all its FLOPs ran at that rate."""
+    ``bound_ms``: the step's time if all its FLOPs ran at that rate; ``cores_used``: process CPU
+    time over wall time while the step ran (1.0: one core kept busy)."""
 
     config: str
     batch_size: int
@@ -129,6 +132,7 @@ class BenchmarkRow:
     gflops_per_second: float
     shape_gflops: float
     bound_ms: float
+    cores_used: float
 
 
 def decoder_layer_gflops(config: Config) -> float:
@@ -141,16 +145,18 @@ def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5, s
     """Time ``config``'s step as the training command runs it (XLA, in-graph loop), derive
     examples/s and GFLOP/s, and set them against the matmul rate at the step's own shape
     (``decoder_layer_gflops``, measured unless given)."""
-    ms = time_training_step(config, style, steps_per_call=steps_per_call, calls=calls)
-    return row_from_timing(config, ms, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops)
+    call, k = step_call(config, style, steps_per_call=steps_per_call)
+    timed = time_calls(call, repeats=calls, units=k)
+    return row_from_timing(config, timed, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops)
 
 
-def row_from_timing(config: Config, ms: float, shape_gflops: float) -> BenchmarkRow:
-    """The benchmark row of ``config``'s step timed at ``ms`` per step, against the matmul rate
-    ``shape_gflops`` at the step's widest multiply."""
-    flops = step_flops(config)
+def row_from_timing(config: Config, timed: Timing, shape_gflops: float) -> BenchmarkRow:
+    """The benchmark row of ``config``'s step timed as ``timed`` (per step), against the matmul
+    rate ``shape_gflops`` at the step's widest multiply."""
+    flops, ms = step_flops(config), timed.median_ms
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
-                        flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9))
+                        flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9),
+                        timed.cores_used)
 
 
 def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_call: int = 10,
@@ -167,14 +173,16 @@ def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_
 
 def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
     """A plain-text table of the rows (at most 80 characters wide: it is printed in the book), with
-    the large-matmul rate for comparison on the line above it."""
-    lines = [f"dense float32 matmul here: {matmul_rate:.0f} GFLOP/s at 1024^3 (XLA)",
-             "shape GFLOP/s: the rate at the step's widest multiply (batch x 200 x 784)",
-             "bound ms: the step's time if all its FLOPs ran at that rate",
-             f"{'config':<10}{'batch':>6}{'ms/step':>9}{'examples/s':>11}{'GFLOP/s':>9}{'of 1024^3':>10}"
-             f"{'shape GFLOP/s':>14}{'bound ms':>9}"]
+    the CPU model and the large-matmul rate for comparison above it."""
+    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
+             "at 1024^3 (XLA)",
+             "of dense: GFLOP/s over that rate; cores: process CPU time / wall time",
+             "shape: GFLOP/s at the step's widest multiply (batch x 200 x 784); bound: the",
+             "  step's ms if all its FLOPs ran at that rate",
+             f"{'config':<10}{'batch':>6}{'ms/step':>9}{'ex/s':>8}{'GFLOP/s':>9}{'of dense':>9}{'cores':>7}"
+             f"{'shape':>7}{'bound':>7}"]
     for r in rows:
-        lines.append(f"{r.config:<10}{r.batch_size:>6}{r.ms_per_step:>9.1f}{r.examples_per_second:>11.0f}"
-                     f"{r.gflops_per_second:>9.1f}{r.gflops_per_second / matmul_rate:>10.0%}"
-                     f"{r.shape_gflops:>14.0f}{r.bound_ms:>9.1f}")
+        lines.append(f"{r.config:<10}{r.batch_size:>6}{r.ms_per_step:>9.1f}{r.examples_per_second:>8.0f}"
+                     f"{r.gflops_per_second:>9.1f}{r.gflops_per_second / matmul_rate:>9.0%}{r.cores_used:>7.2f}"
+                     f"{r.shape_gflops:>7.0f}{r.bound_ms:>7.1f}")
     return "\n".join(lines)

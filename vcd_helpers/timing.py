@@ -33,12 +33,14 @@ class Timing:
     """Seconds of each timed call, per ``units`` of work, and what each call returned.
 
     ``seconds``: [repeats] seconds per call; ``units``: work per call (e.g. steps per call);
-    ``outputs``: each timed call's return value, host copies (``median_output`` is the median call's).
+    ``outputs``: each timed call's return value, host copies (``median_output`` is the median call's);
+    ``cpu_seconds``: [repeats] CPU seconds the whole process used during each call (all its threads).
     """
 
     seconds: tuple[float, ...]
     units: int = 1
     outputs: tuple[Any, ...] = ()
+    cpu_seconds: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
@@ -53,6 +55,11 @@ class Timing:
     def spread_ms(self) -> tuple[float, float]:
         """The fastest and the slowest call, in ms per unit."""
         return 1000 * min(self.seconds) / self.units, 1000 * max(self.seconds) / self.units
+
+    @property
+    def cores_used(self) -> float:
+        """Process CPU time over wall time across the timed calls: 1.0 is one core kept busy."""
+        return sum(self.cpu_seconds) / sum(self.seconds)
 
     @property
     def median_output(self) -> Any:
@@ -81,14 +88,17 @@ def time_alternately(variants: dict[str, Callable[[], Any]], *, repeats: int = 5
         for _ in range(warmup):
             wait_for(fn())
     seconds: dict[str, list[float]] = {name: [] for name in variants}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, list[Any]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, fn in variants.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             result = wait_for(fn())
             seconds[name].append(time.perf_counter() - start)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
             outputs[name].append(result)
-    return {name: Timing(tuple(seconds[name]), units, tuple(outputs[name])) for name in variants}
+    return {name: Timing(tuple(seconds[name]), units, tuple(outputs[name]), tuple(cpu_seconds[name]))
+            for name in variants}
 
 
 class Stopwatch:

@@ -70,10 +70,11 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
                 shape_rates[batch.value] = shape_rates.get(batch.value) or decoder_layer_gflops(sized)
             call, k = compiled[key]
             timed = time_calls(call, repeats=calls, units=k)
-            row = row_from_timing(sized, timed.median_ms, shape_rates[batch.value])
+            row = row_from_timing(sized, timed, shape_rates[batch.value])
             output.clear_output(wait=True)
             print(f"batch {row.batch_size}, {k} steps per call: {timed} per step, "
-                  f"{row.examples_per_second:,.0f} examples/s, {row.gflops_per_second:.1f} GFLOP/s")
+                  f"{row.examples_per_second:,.0f} examples/s, {row.gflops_per_second:.1f} GFLOP/s, "
+                  f"{row.cores_used:.2f} cores busy")
 
     for slider in (batch, per_call):
         slider.observe(rerun, names="value")
