@@ -64,3 +64,21 @@ def test_seeds_are_stateless_and_split():
     assert not np.array_equal(seeds.fold_in(5, 1), seeds.fold_in(5, 2))
     with pytest.raises(ValueError, match=r"seed has shape \(3,\)"):
         seeds.as_seed(tf.constant([1, 2, 3]))
+
+
+def test_code_version_counts_only_edits_to_the_code(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "vcd_helpers").mkdir()
+    (tmp_path / "vcd_helpers" / "model.py").write_text("x = 1\n")
+    (tmp_path / "chapter.ipynb").write_text("{}\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    clean = devices.code_version(tmp_path)
+    assert len(clean["commit"]) == 40 and clean["dirty"] is False
+    (tmp_path / "chapter.ipynb").write_text('{"outputs": []}\n')  # a notebook re-executed
+    assert devices.code_version(tmp_path)["dirty"] is False
+    (tmp_path / "vcd_helpers" / "model.py").write_text("x = 2\n")
+    assert devices.code_version(tmp_path) == {"commit": clean["commit"], "dirty": True}

@@ -54,17 +54,24 @@ def cpu_model() -> str:
 COMMIT_FILE = "COMMIT"
 
 
-def code_version() -> dict[str, object]:
-    """The git commit of the package's source and whether it had uncommitted changes:
-    ``{"commit": sha or None, "dirty": bool or None}`` (None: not known here)."""
-    root = Path(__file__).resolve().parent.parent
+# What the package's results depend on: its source, its metadata and the pinned stack.
+CODE_PATHS = ("vcd_helpers", "pyproject.toml", "requirements.txt", "requirements-data.txt")
+
+
+def code_version(root: Path | None = None) -> dict[str, object]:
+    """The git commit of the package's source and whether that source (``CODE_PATHS``) had
+    uncommitted changes: ``{"commit": sha or None, "dirty": bool or None}`` (None: not known
+    here). Edits elsewhere (a notebook's outputs, the book's text) do not change what the code
+    computes, so they do not count: executing the chapters one after another, each rewriting its
+    own file, leaves the later ones' watermarks clean. ``root``: the checkout (default: this one)."""
+    root = root or Path(__file__).resolve().parent.parent
     if (root / COMMIT_FILE).is_file():
         return {"commit": (root / COMMIT_FILE).read_text().strip(), "dirty": False}
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=30)
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=30)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 *CODE_PATHS], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {"commit": None, "dirty": None}
     if head.returncode or status.returncode:
