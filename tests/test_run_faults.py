@@ -302,7 +302,9 @@ def test_an_interrupted_run_says_where_it_stopped_and_how_to_resume(tmp_path, co
     long_config.write_text(load_config(config_file, steps=100_000).to_json())
     process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", "train", "--config", str(long_config),
                                 "--results", str(tmp_path / "run"), "--quiet", "--no-xla"],
-                               env=ENV, stderr=subprocess.PIPE, text=True)
+                               env=ENV, stderr=subprocess.PIPE, text=True,
+                               # As a shell's '&' starts it: SIGINT ignored, which the command must undo.
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 300
     while not (tmp_path / "run" / "checkpoints" / "checkpoint").exists():  # the index: written last
         assert process.poll() is None and time.monotonic() < deadline

@@ -234,7 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.resume and RunDirectory(args.results).stored_config() is None:
                 raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
-            signal.signal(signal.SIGTERM, _raise_interrupt)  # stop as Ctrl-C does: with a word, not silently
+            # SIGTERM stops the run as Ctrl-C does: with a word, not silently. SIGINT too, explicitly: a
+            # process started in the background (a shell's '&', a test worker) inherits it ignored.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, _raise_interrupt)
             results = train_run(config, args.results, command=command, progress=not args.quiet,
                                 jit_compile=False if args.no_xla else None, steps_per_call=args.steps_per_call, strategy=strategy)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
