@@ -305,12 +305,15 @@ def test_an_interrupted_run_says_where_it_stopped_and_how_to_resume(tmp_path, co
                                env=ENV, stderr=subprocess.PIPE, text=True,
                                # As a shell's '&' starts it: SIGINT ignored, which the command must undo.
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "run" / "checkpoints" / "checkpoint").exists():  # the index: written last
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "run" / "checkpoints" / "checkpoint").exists():  # the index: written last
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a run that ignored the signal must not train on after the test
     assert process.returncode == 130
     assert err.count("\n") <= 2, err  # a sentence, not a traceback
     assert "interrupted at step" in err and "ckpt-" in err and "run the same command to resume" in err
