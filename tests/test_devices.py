@@ -3,6 +3,7 @@ only before its devices are initialised, which this test process has already don
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -82,3 +83,11 @@ def test_code_version_counts_only_edits_to_the_code(tmp_path):
     assert devices.code_version(tmp_path)["dirty"] is False
     (tmp_path / "vcd_helpers" / "model.py").write_text("x = 2\n")
     assert devices.code_version(tmp_path) == {"commit": clean["commit"], "dirty": True}
+
+
+def test_compute_threads_follow_the_intra_op_setting(monkeypatch):
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "3")
+    assert devices.compute_threads() == 3
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    assert devices.compute_threads() == (configured or os.cpu_count())

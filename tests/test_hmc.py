@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from vcd_helpers.data import load_binarized_mnist
-from vcd_helpers.hmc import hmc_chain, run_on_posterior
+from vcd_helpers.hmc import block_sizes, hmc_chain, run_on_posterior, sharded_target, value_and_gradient
 from vcd_helpers.model import VAE
 
 COV = np.array([[1.0, 0.8, 0.0], [0.8, 1.0, 0.3], [0.0, 0.3, 0.5]])
@@ -134,3 +134,35 @@ def test_a_chain_on_a_vae_posterior_starts_from_the_encoder_and_climbs():
     again = run_on_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4,
                              z0=tf.constant(run.z0))
     np.testing.assert_array_equal(again.log_probs, run.log_probs)  # the same start and seed: the same chain
+
+
+@pytest.mark.parametrize("size, blocks, expected", [(100, 2, [50, 50]), (100, 3, [34, 33, 33]), (3, 5, [1, 1, 1]),
+                                                    (7, 1, [7])])
+def test_block_sizes_cut_the_rows_evenly(size, blocks, expected):
+    assert block_sizes(size, blocks) == expected
+
+
+@pytest.mark.parametrize("num_shards", [0, 1.5, True])
+def test_a_bad_number_of_shards_is_named(num_shards):
+    with pytest.raises(ValueError, match=f"num_shards={num_shards!r} is invalid: must be a positive integer"):
+        sharded_target(lambda data, z: z[:, 0], tf.zeros([4, 2]), num_shards)
+
+
+@pytest.mark.parametrize("num_shards", [2, 3])
+def test_a_sharded_target_is_the_same_target_and_the_same_chain(num_shards):
+    model = VAE(seed=0)
+    x = tf.constant(load_binarized_mnist("test")[:10], tf.float32)
+    z0 = tf.random.stateless_normal([10, 10], seed=[5, 6])
+    plain = lambda z: model.log_joint(x, z)
+    sharded = sharded_target(model.log_joint, x, num_shards)
+    for expected, actual in zip(value_and_gradient(plain, z0), value_and_gradient(sharded, z0)):
+        np.testing.assert_allclose(actual.numpy(), expected.numpy(), rtol=1e-5, atol=1e-4)
+
+    def chain(target):
+        return tf.function(lambda z: hmc_chain(target, z, 0.05, num_iterations=4, num_leapfrog_steps=3, seed=7),
+                           jit_compile=True)(z0)
+    expected, actual = chain(plain), chain(sharded)
+    # The same momenta, uniforms and step-size rule: the chains differ by float round-off only.
+    np.testing.assert_allclose(actual.final_state.numpy(), expected.final_state.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(float(actual.step_size), float(expected.step_size), rtol=1e-6)
+    assert float(actual.accept_rate) == float(expected.accept_rate)

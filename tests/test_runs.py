@@ -73,6 +73,7 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
         np.testing.assert_array_equal(curves[0][column], curves[1][column])
     launches = read_launches(resumed)
     assert [l["start_step"] for l in launches] == [0, killed_at] and launches[0]["code"]["commit"]
+    assert all(l["chain_shards"] == l["compute_threads"] >= 1 for l in launches)  # how it ran: the default
     a = json.loads((uninterrupted / "results.json").read_text())
     b = json.loads((resumed / "results.json").read_text())
     assert a["final_metrics"] == b["final_metrics"]

@@ -79,12 +79,33 @@ def test_unknown_style_is_refused():
 
 def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape():
     assert bench.matmul_gflops(16, 32, 64, repeats=1) > 0
+    assert bench.matmul_gflops(16, 32, 64, repeats=1, dtype=tf.bfloat16, jit_compile=False) > 0
     row = bench.BenchmarkRow("default", 100, ms_per_step=50.0, examples_per_second=2000.0,
-                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0, cores_used=1.15)
-    table = bench.format_benchmark([row], matmul_rate=150.0).splitlines()
+                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0, cores_used=1.15,
+                             chain_shards=2)
+    vae = bench.BenchmarkRow("vae", 100, 5.0, 20000.0, 20.0, 90.0, 1.0, 1.0)
+    table = bench.format_benchmark([row, vae], matmul_rate=150.0).splitlines()
     assert table[0].startswith(f"CPU: {devices.cpu_model()}") and max(map(len, table)) <= 80
-    assert table[-2].split()[-5:] == ["of", "dense", "cores", "shape", "bound"]
-    assert table[-1].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "1.15", "90", "40.0"]
+    assert table[-3].split()[-6:] == ["of", "dense", "cores", "shards", "shape", "bound"]
+    assert table[-2].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "1.15", "2", "90", "40.0"]
+    assert table[-1].split()[-3] == "-"  # the VAE has no chain
+
+
+def test_a_benchmark_row_names_the_blocks_of_its_chain():
+    assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0, chain_shards=2).chain_shards == 2
+    assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0).chain_shards == \
+        devices.compute_threads()
+
+
+def test_the_step_breakdown_adds_up_to_the_step():
+    breakdown = bench.step_breakdown(CONFIG, chain_shards=2, calls=1, steps_per_call=2)
+    assert breakdown.chain_shards == 2
+    assert sum(breakdown.parts().values()) == pytest.approx(breakdown.step)
+    assert min(breakdown.step, breakdown.chain, breakdown.evaluations, breakdown.dots, breakdown.dots_gflops) > 0
+    text = bench.format_breakdown(breakdown).splitlines()
+    assert len(text) == 6 and max(map(len, text)) <= 80 and "2 block(s)" in text[0]
+    with pytest.raises(ValueError, match="method='vae' is invalid"):
+        bench.step_breakdown(CONFIG.replace(method="vae"))
 
 
 def test_the_speed_explorer_compiles_each_setting_once(monkeypatch):

@@ -149,3 +149,28 @@ def test_a_baseline_near_g_reduces_the_estimators_variance():
         assert tracked[group] < none[group], (group, tracked[group], none[group])
     with pytest.raises(ValueError, match="num_draws=1"):
         estimator_variance(trainer, x, g, num_draws=1)
+
+
+def test_a_sharded_chain_gives_the_same_step():
+    config = load_config("tiny", steps=2, train_examples=200)
+    index, x = tf.constant([4, 7, 9, 11, 12]), _batch(5)
+    metrics, weights = {}, {}
+    for shards in (1, 2):
+        trainer = build_trainer(config, jit_compile=True, chain_shards=shards)
+        assert trainer.chain_shards == shards
+        metrics[shards] = {name: float(value) for name, value in trainer.train_step(index, x).items()}
+        weights[shards] = [v.numpy() for v in trainer.model.trainable_variables]
+    assert metrics[2] == pytest.approx(metrics[1], rel=1e-4)
+    for expected, actual in zip(weights[1], weights[2]):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, execution_message", [({"method": "vae"}, "method='vae'"),
+                                                           ({}, None)])
+def test_chain_shards_are_checked(overrides, execution_message):
+    config = load_config("tiny", **overrides)
+    if execution_message:
+        with pytest.raises(ValueError, match=f"chain_shards=2 is invalid with {execution_message}"):
+            build_trainer(config, chain_shards=2)
+    with pytest.raises(ValueError, match="chain_shards=0 is invalid: must be a positive integer"):
+        build_trainer(config, chain_shards=0)

@@ -24,8 +24,9 @@ import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, Config, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.devices import cpu_model
-from vcd_helpers.timing import Timing, time_calls
+from vcd_helpers.devices import compute_threads, cpu_model
+from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
+from vcd_helpers.timing import Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import make_training_loop
 
@@ -57,39 +58,43 @@ def step_flops(config: Config) -> float:
     return float(per_example * config.batch_size)
 
 
-def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int = 5) -> float:
-    """This machine's float32 rate on [m, k] x [k, n] matrix multiplies, in GFLOP/s.
+def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int = 5,
+                  dtype: tf.DType = tf.float32, jit_compile: bool = True) -> float:
+    """This machine's rate on [m, k] x [k, n] matrix multiplies of ``dtype``, in GFLOP/s.
 
-    The multiplies run back to back inside one XLA-compiled loop (each depending on the last, as
-    the chain's do), enough of them for about 2 GFLOP per call; the median of ``repeats`` timed
-    calls after a warm-up. The default, 1024^3, is what large multiplies reach here; the step's
-    own shapes (at batch B the decoder's widest layer is B x 200 x 784) show what small ones do.
+    The multiplies run back to back inside one compiled loop (XLA unless ``jit_compile`` is
+    False: then TensorFlow's own kernels, oneDNN on x86), each depending on the last, as the
+    chain's do, enough of them for about 2 GFLOP per call; the median of ``repeats`` timed calls
+    after a warm-up. The default, float32 at 1024^3 under XLA, is what large multiplies reach
+    here (the "dense rate"); the step's own shapes (at batch B the decoder's widest layer is
+    B x 200 x 784) show what small ones do, and ``tf.bfloat16`` what reduced precision would.
     """
-    a = tf.random.stateless_normal([m, k], seed=[1, 2])
-    b = tf.random.stateless_normal([k, n], seed=[3, 4]) / float(np.sqrt(k))
+    a = tf.cast(tf.random.stateless_normal([m, k], seed=[1, 2]), dtype)
+    b = tf.cast(tf.random.stateless_normal([k, n], seed=[3, 4]) / float(np.sqrt(k)), dtype)
     count = max(1, int(2e9 // (2 * m * k * n)))
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=jit_compile)
     def chained():
         def body(i, c, total):
             product = tf.linalg.matmul(c, b)
             # Feed a slice of each product into the next multiply, so none can be skipped or hoisted.
-            return i + 1, c + 1e-6 * product[:, :1], total + product[0, 0]
+            return i + 1, c + tf.cast(1e-6, dtype) * product[:, :1], total + tf.cast(product[0, 0], tf.float32)
         return tf.while_loop(lambda i, *_: i < count, body, (0, a, 0.0))[2]
 
     return 2 * m * k * n * count / time_calls(chained, repeats=repeats).median / 1e9
 
 
-def step_call(config: Config, style: str, *, steps_per_call: int = 1,
-              seed: int = 0) -> tuple[Callable[[], Any], int]:
+def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int = 0,
+              chain_shards: int | None = None) -> tuple[Callable[[], Any], int]:
     """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module)
     on a fresh trainer, taking batches from its own endless pipeline. ``steps_per_call`` applies to
-    the ``loop`` styles (the others run one step per call). The first call traces and compiles;
+    the ``loop`` styles (the others run one step per call); ``chain_shards``, to VCD's trainer
+    (``trainers.build_trainer``). The first call traces and compiles;
     keep the pair to time the same step again without compiling it again."""
     if style not in STYLES:
         raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
     k = steps_per_call if style in ("loop", "xla_loop") else 1
-    trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"))
+    trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"), chain_shards=chain_shards)
     images = load_binarized_mnist("train")[: config.train_examples]
     iterator = iter(indexed_batches(images, config.batch_size, seed))
     if style == "eager":
@@ -123,7 +128,8 @@ class BenchmarkRow:
     """One configuration's timing. ``shape_gflops``: the machine's matmul rate at the step's
     widest multiply at this batch size (batch x hidden x 784), measured in the same run, and
     ``bound_ms``: the step's time if all its FLOPs ran at that rate; ``cores_used``: process CPU
-    time over wall time while the step ran (1.0: one core kept busy)."""
+    time over wall time while the step ran (1.0: one core kept busy); ``chain_shards``: blocks of
+    VCD's chain evaluated concurrently (None: the VAE, which has no chain)."""
 
     config: str
     batch_size: int
@@ -133,6 +139,7 @@ class BenchmarkRow:
     shape_gflops: float
     bound_ms: float
     cores_used: float
+    chain_shards: int | None = None
 
 
 def decoder_layer_gflops(config: Config) -> float:
@@ -141,34 +148,39 @@ def decoder_layer_gflops(config: Config) -> float:
 
 
 def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5, style: str = "xla_loop",
-                  shape_gflops: float | None = None) -> BenchmarkRow:
-    """Time ``config``'s step as the training command runs it (XLA, in-graph loop), derive
-    examples/s and GFLOP/s, and set them against the matmul rate at the step's own shape
-    (``decoder_layer_gflops``, measured unless given)."""
-    call, k = step_call(config, style, steps_per_call=steps_per_call)
+                  shape_gflops: float | None = None, chain_shards: int | None = None) -> BenchmarkRow:
+    """Time ``config``'s step as the training command runs it (XLA, in-graph loop; VCD's chain in
+    ``chain_shards`` blocks, by default one per compute thread), derive examples/s and GFLOP/s,
+    and set them against the matmul rate at the step's own shape (``decoder_layer_gflops``,
+    measured unless given)."""
+    if config.method == "vcd" and chain_shards is None:
+        chain_shards = compute_threads()
+    call, k = step_call(config, style, steps_per_call=steps_per_call, chain_shards=chain_shards)
     timed = time_calls(call, repeats=calls, units=k)
-    return row_from_timing(config, timed, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops)
+    return row_from_timing(config, timed, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops,
+                           chain_shards=chain_shards)
 
 
-def row_from_timing(config: Config, timed: Timing, shape_gflops: float) -> BenchmarkRow:
+def row_from_timing(config: Config, timed: Timing, shape_gflops: float, *,
+                    chain_shards: int | None = None) -> BenchmarkRow:
     """The benchmark row of ``config``'s step timed as ``timed`` (per step), against the matmul
     rate ``shape_gflops`` at the step's widest multiply."""
     flops, ms = step_flops(config), timed.median_ms
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
                         flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9),
-                        timed.cores_used)
+                        timed.cores_used, chain_shards)
 
 
 def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_call: int = 10,
-                  calls: int = 5) -> list[BenchmarkRow]:
+                  calls: int = 5, chain_shards: int | None = None) -> list[BenchmarkRow]:
     """``benchmark_row`` for each preset and batch size. Speed does not depend on the learning
     rate, so every batch size (tuned or not) runs at the preset's batch-100 rate. The matmul
     rate at each batch size's shape is measured once and shared by the presets."""
     configs = [load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4})
                for name in config_names for batch_size in batch_sizes]
     rates = {c.batch_size: decoder_layer_gflops(c) for c in configs}
-    return [benchmark_row(c, steps_per_call=steps_per_call, calls=calls, shape_gflops=rates[c.batch_size])
-            for c in configs]
+    return [benchmark_row(c, steps_per_call=steps_per_call, calls=calls, shape_gflops=rates[c.batch_size],
+                          chain_shards=chain_shards) for c in configs]
 
 
 def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
@@ -176,13 +188,101 @@ def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
     the CPU model and the large-matmul rate for comparison above it."""
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
              "at 1024^3 (XLA)",
-             "of dense: GFLOP/s over that rate; cores: process CPU time / wall time",
+             "of dense: GFLOP/s over that rate; cores: process CPU time / wall time; shards:",
+             "  blocks of chains evaluated concurrently",
              "shape: GFLOP/s at the step's widest multiply (batch x 200 x 784); bound: the",
              "  step's ms if all its FLOPs ran at that rate",
              f"{'config':<10}{'batch':>6}{'ms/step':>9}{'ex/s':>8}{'GFLOP/s':>9}{'of dense':>9}{'cores':>7}"
-             f"{'shape':>7}{'bound':>7}"]
+             f"{'shards':>7}{'shape':>7}{'bound':>7}"]
     for r in rows:
         lines.append(f"{r.config:<10}{r.batch_size:>6}{r.ms_per_step:>9.1f}{r.examples_per_second:>8.0f}"
                      f"{r.gflops_per_second:>9.1f}{r.gflops_per_second / matmul_rate:>9.0%}{r.cores_used:>7.2f}"
-                     f"{r.shape_gflops:>7.0f}{r.bound_ms:>7.1f}")
+                     f"{r.chain_shards or '-':>7}{r.shape_gflops:>7.0f}{r.bound_ms:>7.1f}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where a VCD step's milliseconds go: median ms of each part, timed alternately in one process.
+
+    ``step``: the whole training step (XLA, in-graph loop); ``chain``: its HMC chain alone;
+    ``evaluations``: the chain's 1 + T x L evaluations of log p(x, z) and its gradient, back to
+    back with none of HMC's own work; ``dots``: only those evaluations' matrix multiplies (the
+    decoder's three forward and three backward ones). The differences are the parts in between.
+    ``dots_gflops``: the rate the multiplies reach; ``matmul_rate``: the dense 1024^3 rate.
+    """
+
+    chain_shards: int
+    step: float
+    chain: float
+    evaluations: float
+    dots: float
+    dots_gflops: float
+    matmul_rate: float
+
+    def parts(self) -> dict[str, float]:
+        """ms of each part of the step, adding up to ``step``."""
+        return {"training around the chain (encoder, decoder loss, RMSProp)": self.step - self.chain,
+                "HMC's own work (momenta, Metropolis, step size, loop)": self.chain - self.evaluations,
+                "elementwise work of the evaluations (softplus, ReLU)": self.evaluations - self.dots,
+                "matrix multiplies of the evaluations": self.dots}
+
+
+def _decoder_dots(weights: list[tf.Tensor], z: tf.Tensor) -> tf.Tensor:
+    """The matrix multiplies of one decoder evaluation and its gradient in z, nothing else:
+    z [B, D] through the weights and back again; [B, D]."""
+    h = z
+    for w in weights:
+        h = tf.linalg.matmul(h, w)
+    for w in reversed(weights):
+        h = tf.linalg.matmul(h, w, transpose_b=True)
+    return h
+
+
+def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: int = 11,
+                   steps_per_call: int = 10, seed: int = 0) -> StepBreakdown:
+    """Time a VCD step of ``config`` and its parts alternately (see ``StepBreakdown``), with the
+    chain in ``chain_shards`` blocks (default: one per compute thread). Each part is compiled by
+    XLA, as in the training step. Raises ValueError for the VAE (no chain)."""
+    if config.method != "vcd":
+        raise ValueError(f"method={config.method!r} is invalid: only VCD's step has a chain to break down")
+    chain_shards = compute_threads() if chain_shards is None else chain_shards
+    step, k = step_call(config, "xla_loop", steps_per_call=steps_per_call, seed=seed, chain_shards=chain_shards)
+    trainer = build_trainer(config.replace(seed=seed), chain_shards=chain_shards)
+    x = tf.constant(load_binarized_mnist("train")[: config.batch_size], tf.float32)
+    loc, scale = trainer.model.encoder(x)
+    z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=[seed, 1])
+    hmc = config.hmc
+    count = 1 + hmc.num_iterations * hmc.num_leapfrog_steps
+    target = sharded_target(trainer.model.log_joint, x, chain_shards)
+    sizes = block_sizes(config.batch_size, chain_shards)
+    weights = [tf.convert_to_tensor(w) for w in trainer.model.decoder.net.weights]
+
+    chain = tf.function(lambda: trainer.run_chain(x, z0, trainer.step_size, tf.constant([seed, 2])).final_state,
+                        jit_compile=True)
+
+    def repeated(one):  # ``count`` evaluations, each starting where the last ended
+        def body(i, z):
+            return i + 1, z + 1e-6 * one(z)
+        return tf.function(lambda: tf.while_loop(lambda i, _: i < count, body, (0, z0))[1], jit_compile=True)
+
+    evaluations = repeated(lambda z: value_and_gradient(target, z)[1])
+    dots = repeated(lambda z: tf.concat([_decoder_dots(weights, b) for b in tf.split(z, sizes)], axis=0))
+    timings = time_alternately({"step": step, "chain": chain, "evaluations": evaluations, "dots": dots},
+                               repeats=calls)
+    ms = {name: t.median_ms / (k if name == "step" else 1) for name, t in timings.items()}
+    hidden, latent = config.model.hidden_units, config.model.latent_dim
+    dot_flops = count * 2 * mlp_forward_flops([latent, hidden, hidden, NUM_PIXELS]) * config.batch_size
+    return StepBreakdown(chain_shards, ms["step"], ms["chain"], ms["evaluations"], ms["dots"],
+                         dot_flops / (ms["dots"] / 1000) / 1e9, matmul_gflops())
+
+
+def format_breakdown(breakdown: StepBreakdown) -> str:
+    """The breakdown as a few lines of text: each part's ms and share of the step (a part is a
+    difference of two medians, so on a noisy machine a small one can come out negative)."""
+    b = breakdown
+    lines = [f"one VCD step, chain in {b.chain_shards} block(s): {b.step:.1f} ms"]
+    lines += [f"  {name:<58}{ms:>6.1f} ms {ms / b.step:>5.0%}" for name, ms in b.parts().items()]
+    lines.append(f"  the multiplies alone run at {b.dots_gflops:.0f} GFLOP/s, "
+                 f"{b.dots_gflops / b.matmul_rate:.0%} of the dense rate ({b.matmul_rate:.0f} GFLOP/s)")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import time
 from typing import Sequence
 
 from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, STRATEGIES, Config,
-                                EvaluationConfig, get_profile, preset_values)
+                                EvaluationConfig, get_profile, load_config, preset_values)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-samples", type=int, help="importance samples per image")
     train.add_argument("--eval-proposal", choices=PROPOSALS)
     train.add_argument("--no-xla", action="store_true", help="compile the step without XLA (slower)")
+    train.add_argument("--chain-shards", type=int,
+                       help="blocks of chains whose HMC evaluations run concurrently (VCD; speed only, same maths); "
+                            "default: one per compute thread")
     train.add_argument("--steps-per-call", type=int,
                        help="training steps per host call of the in-graph loop (default: up to 10, "
                             "dividing the logging interval)")
@@ -73,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 100, 128, 512, 1024])
     bench.add_argument("--steps-per-call", type=int, default=10)
     bench.add_argument("--calls", type=int, default=5, help="timed calls per row (median reported)")
+    bench.add_argument("--chain-shards", type=int, help="blocks of the VCD chain (default: one per compute thread)")
+    bench.add_argument("--breakdown", action="store_true",
+                       help="instead: where the first config's VCD step spends its time, at the first batch size, "
+                            "with the chain in one block and in --chain-shards blocks")
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
     evaluate.add_argument("results", help="a results directory written by train")
@@ -239,14 +246,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, _raise_interrupt)
             results = train_run(config, args.results, command=command, progress=not args.quiet,
-                                jit_compile=False if args.no_xla else None, steps_per_call=args.steps_per_call, strategy=strategy)
+                                jit_compile=False if args.no_xla else None, steps_per_call=args.steps_per_call, strategy=strategy,
+                                chain_shards=args.chain_shards)
             summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
                                                "test_log_likelihood")}
             print(json.dumps(summary, indent=2))
         elif args.command == "bench":
-            from vcd_helpers.bench import format_benchmark, matmul_gflops, run_benchmark
+            from vcd_helpers.bench import format_benchmark, format_breakdown, matmul_gflops, run_benchmark, step_breakdown
+            from vcd_helpers.devices import compute_threads, cpu_model
 
-            rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls)
+            if args.breakdown:
+                config = load_config(args.configs[0], batch_size=args.batch_sizes[0], optimizer={"learning_rate": 5e-4})
+                print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
+                for shards in dict.fromkeys([1, args.chain_shards or compute_threads()]):
+                    print(format_breakdown(step_breakdown(config, chain_shards=shards, calls=args.calls,
+                                                          steps_per_call=args.steps_per_call)))
+                return 0
+            rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls,
+                                 chain_shards=args.chain_shards)
             print(format_benchmark(rows, matmul_gflops()))
             print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
                   "XLA step in the in-graph loop, as the training command runs it)")

@@ -79,6 +79,14 @@ def code_version(root: Path | None = None) -> dict[str, object]:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+def compute_threads() -> int:
+    """The threads TensorFlow's ops (and XLA's CPU runtime) may use at once in this process: the
+    intra-op setting (``TF_NUM_INTRAOP_THREADS`` or ``tf.config.threading``), else every core.
+    The experiment runner gives each of its runs one thread."""
+    configured = os.environ.get("TF_NUM_INTRAOP_THREADS") or tf.config.threading.get_intra_op_parallelism_threads()
+    return max(1, int(configured or os.cpu_count() or 1))
+
+
 def package_versions(packages: Iterable[str]) -> dict[str, str]:
     """{package: installed version, or 'not installed'}."""
     found = {}

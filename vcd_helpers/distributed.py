@@ -179,7 +179,8 @@ class ReplicatedVCDTrainer(VCDTrainer):
             raise ValueError(f"batch_size={config.batch_size} is invalid for {self.num_replicas} replicas: "
                              "must be a multiple of the number of replicas")
         with strategy.scope():
-            super().__init__(VAE(config.model, seed=config.seed), config, jit_compile=False)
+            # The replicas already run concurrently: one block per chain.
+            super().__init__(VAE(config.model, seed=config.seed), config, jit_compile=False, chain_shards=1)
 
     def _replica_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """In replica context: this replica's rows of the global batch and its estimate."""

@@ -36,6 +36,8 @@ from vcd_helpers.model import VAE
 from vcd_helpers.seeds import SeedLike, as_seed, split_seed
 
 TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
+#: log density of states z [B, D] given data rows [B, ...] -> [B], row b depending on row b only.
+ConditionalLogProbFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 
 class HMCTrace(NamedTuple):
@@ -73,6 +75,37 @@ def value_and_gradient(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor) ->
         tape.watch(state)
         log_prob = target_log_prob_fn(state)
     return log_prob, tape.gradient(log_prob, state)
+
+
+def block_sizes(size: int, num_blocks: int) -> list[int]:
+    """``size`` rows cut into ``min(num_blocks, size)`` contiguous blocks differing by at most one row,
+    the larger first: block_sizes(100, 3) == [34, 33, 33]."""
+    check_positive_int("size", size)
+    check_positive_int("num_blocks", num_blocks)
+    count = min(num_blocks, size)
+    return [size // count + (k < size % count) for k in range(count)]
+
+
+def sharded_target(log_prob_fn: ConditionalLogProbFn, data: tf.Tensor, num_shards: int) -> TargetLogProbFn:
+    """The target ``z -> log_prob_fn(data, z)``, evaluated on ``num_shards`` blocks of rows.
+
+    Chains are independent: row b of the result, and of its gradient, depends on row b of z
+    and of ``data`` only. Cut into blocks, one evaluation becomes ``num_shards`` independent
+    ones (each block's matmuls, softplus and gradient), which XLA's CPU runtime runs
+    concurrently on its threads: the way one chain batch keeps several cores busy with the same
+    maths (values equal to the unsharded ones up to float round-off). The randomness and the
+    step size stay the whole batch's, so the chain is the same chain.
+
+    data [B, ...] with B known when tracing; z [B, D] -> [B]. One shard (or an unknown B)
+    gives the plain target.
+    """
+    check_positive_int("num_shards", num_shards)
+    size = data.shape[0]
+    if num_shards == 1 or size is None:
+        return lambda z: log_prob_fn(data, z)
+    sizes = block_sizes(size, num_shards)
+    blocks = tf.split(data, sizes)
+    return lambda z: tf.concat([log_prob_fn(d, b) for d, b in zip(blocks, tf.split(z, sizes))], axis=0)
 
 
 def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf.Tensor, gradient: tf.Tensor,

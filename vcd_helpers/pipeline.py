@@ -282,7 +282,8 @@ class PipelinedVCDTrainer(VCDTrainer):
                              "with devices.split_physical_device(n) at the start of the process")
         model = VAE(config.model, seed=config.seed,
                     devices={"encoder": pipeline.device(0), "decoder": pipeline.device(1)} if pipeline.devices else None)
-        super().__init__(model, config, jit_compile=jit_compile, slot_device=pipeline.slot_device)
+        # The stages' devices already run concurrently: one block per chain.
+        super().__init__(model, config, jit_compile=jit_compile, slot_device=pipeline.slot_device, chain_shards=1)
         self.pipeline = pipeline
         self.steps_per_call = pipeline.device_iterations
         self.chain = tf.function(self.run_chain, jit_compile=True) if jit_compile else self.run_chain

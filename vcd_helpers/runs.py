@@ -51,13 +51,13 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
-from vcd_helpers.devices import code_version, cpu_model, device_summary, package_versions
+from vcd_helpers.devices import code_version, compute_threads, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import strategy_name
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
 from vcd_helpers.timing import Stopwatch, time_calls
-from vcd_helpers.trainers import build_trainer
+from vcd_helpers.trainers import build_trainer, check_chain_shards
 from vcd_helpers.training import Trainer, fit
 
 CONFIG_FILE = "config.json"
@@ -374,11 +374,13 @@ def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings
                             "Move the directory aside and train into a new --results directory")
 
 
-def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: list[str]) -> None:
-    """Append this process to launches.jsonl: which code and machine trained which steps."""
+def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: list[str],
+                   chain_shards: int | None) -> None:
+    """Append this process to launches.jsonl: which code and machine trained which steps, and how
+    (threads, blocks of the chain: speed only; None for a trainer without a chain)."""
     launch = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "start_step": start_step,
               "pid": os.getpid(), "code": code_version(), "cpu_model": cpu_model(), "command": command,
-              "warnings": warnings}
+              "compute_threads": compute_threads(), "chain_shards": chain_shards, "warnings": warnings}
     with open(run.launches_file, "a") as f:
         f.write(json.dumps(launch) + "\n")
 
@@ -409,11 +411,12 @@ def default_steps_per_call(config: Config) -> int:
 
 def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "", progress: bool = True,
               jit_compile: bool | None = None, steps_per_call: int | None = None,
-              strategy: tf.distribute.Strategy | None = None) -> dict[str, Any]:
+              strategy: tf.distribute.Strategy | None = None, chain_shards: int | None = None) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
 
-    The trainer is ``trainers.build_trainer(config, execution=strategy, jit_compile=jit_compile)``
-    (None: XLA wherever the execution allows), run ``steps_per_call`` steps per host call by the
+    The trainer is ``trainers.build_trainer(config, execution=strategy, jit_compile=jit_compile,
+    chain_shards=chain_shards)`` (None: XLA wherever the execution allows; one block of the chain
+    per compute thread), run ``steps_per_call`` steps per host call by the
     in-graph loop (default ``default_steps_per_call``); it must divide ``config.log_every_steps``.
     With a ``strategy`` (``distributed.build_strategy``) the VCD step runs data-parallel on its
     replicas.
@@ -429,6 +432,7 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     if config.log_every_steps % steps_per_call:
         raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
                          f"log_every_steps={config.log_every_steps}")
+    check_chain_shards(config, strategy, chain_shards)
     if strategy_name(strategy) != config.strategy:
         raise ValueError(f"strategy={strategy_name(strategy)!r} is invalid for a config with "
                          f"strategy={config.strategy!r}: build it with distributed.build_strategy(config)")
@@ -439,13 +443,14 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
         if stored is not None:
             return stored
         return _train(config, run, command=command, progress=progress, jit_compile=jit_compile,
-                      steps_per_call=steps_per_call, strategy=strategy)
+                      steps_per_call=steps_per_call, strategy=strategy, chain_shards=chain_shards)
 
 
 def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, jit_compile: bool | None,
-           steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
+           steps_per_call: int, strategy: tf.distribute.Strategy | None,
+           chain_shards: int | None) -> dict[str, Any]:
     """``train_run`` on a claimed, locked directory: train to the end, then ``_finish``."""
-    trainer = build_trainer(config, execution=strategy, jit_compile=jit_compile)
+    trainer = build_trainer(config, execution=strategy, jit_compile=jit_compile, chain_shards=chain_shards)
     train_seconds = _train_to_the_end(config, run, trainer, command=command, progress=progress,
                                       steps_per_call=steps_per_call)
     return _finish(config, run, trainer, train_seconds, command=command, steps_per_call=steps_per_call,
@@ -469,7 +474,7 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     if start_step and not run.metrics_file.exists():
         _warn(warnings, f"{run.metrics_file} was missing: its rows up to step {start_step} are lost (TensorBoard "
                         f"events in {run.tensorboard_dir} still hold them); logging continues from there")
-    _record_launch(run, start_step, command, warnings)
+    _record_launch(run, start_step, command, warnings, getattr(trainer, "chain_shards", None))
 
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)

@@ -17,7 +17,7 @@ from typing import Union
 
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.distributed import ReplicatedVCDTrainer
 from vcd_helpers.model import VAE
 from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer
@@ -33,8 +33,19 @@ def execution_name(execution: Execution) -> str:
     return "pipelined" if isinstance(execution, PipelineConfig) else "replicated"
 
 
-def build_trainer(config: Config, *, execution: Execution = None,
-                  jit_compile: bool | None = None) -> VAETrainer | VCDTrainer:
+def check_chain_shards(config: Config, execution: Execution, chain_shards: int | None) -> None:
+    """Raise ValueError unless ``chain_shards`` is None, or a positive integer for plain VCD."""
+    if chain_shards is None:
+        return
+    check_positive_int("chain_shards", chain_shards)
+    kind = execution_name(execution)
+    if kind != "plain" or config.method != "vcd":
+        raise ValueError(f"chain_shards={chain_shards!r} is invalid with method={config.method!r} and a {kind} "
+                         "execution: only plain VCD's chain is sharded (leave it unset)")
+
+
+def build_trainer(config: Config, *, execution: Execution = None, jit_compile: bool | None = None,
+                  chain_shards: int | None = None) -> VAETrainer | VCDTrainer:
     """A trainer of ``config`` on a freshly initialised model (seeded by ``config.seed``).
 
     ``jit_compile`` chooses XLA for what the execution can compile: the whole step (plain), the
@@ -42,11 +53,14 @@ def build_trainer(config: Config, *, execution: Execution = None,
     concurrently) or nothing (replicated: a step under a strategy is a plain ``tf.function``).
     None compiles whatever the execution allows; the trainer's ``jit_compile`` says what it did.
     A pipelined trainer's ``steps_per_call`` is its ``device_iterations``; the others' is 1.
+    ``chain_shards`` (plain VCD only): blocks of rows of the HMC chain's target, evaluated
+    concurrently (``VCDTrainer``); None: one per compute thread.
 
     Raises ValueError for a pipeline or strategy with the VAE (only VCD's step is pipelined or
     replicated), for ``jit_compile=True`` with a strategy, and for a pipeline whose micro-batches
-    do not make up ``config.batch_size``.
+    do not make up ``config.batch_size``, and for ``chain_shards`` with anything but plain VCD.
     """
+    check_chain_shards(config, execution, chain_shards)
     kind = execution_name(execution)
     if kind != "plain" and config.method != "vcd":
         raise ValueError(f"method={config.method!r} is invalid with a {kind} execution: "
@@ -59,5 +73,7 @@ def build_trainer(config: Config, *, execution: Execution = None,
     jit_compile = True if jit_compile is None else jit_compile
     if kind == "pipelined":
         return PipelinedVCDTrainer(config, execution, jit_compile=jit_compile)
-    trainer_class = VCDTrainer if config.method == "vcd" else VAETrainer
-    return trainer_class(VAE(config.model, seed=config.seed), config, jit_compile=jit_compile)
+    model = VAE(config.model, seed=config.seed)
+    if config.method == "vae":
+        return VAETrainer(model, config, jit_compile=jit_compile)
+    return VCDTrainer(model, config, jit_compile=jit_compile, chain_shards=chain_shards)

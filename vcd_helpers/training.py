@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.control_variates import ControlVariate
-from vcd_helpers.hmc import HMCResult, hmc_chain
+from vcd_helpers.devices import compute_threads
+from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
@@ -87,11 +88,17 @@ class VCDTrainer(tf.Module):
     metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
     steps_per_call = 1
 
-    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False, slot_device: str | None = None):
+    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False, slot_device: str | None = None,
+                 chain_shards: int | None = None):
+        """``chain_shards``: blocks of rows the HMC chain's target is evaluated in (``hmc.sharded_target``),
+        so that XLA keeps that many threads busy; None takes ``devices.compute_threads()``. It changes
+        the speed, not the maths (up to float round-off), and is no part of the trainer's state."""
         super().__init__(name="vcd_trainer")
         self.model = model
         self.config = config
         self.jit_compile = jit_compile
+        self.chain_shards = compute_threads() if chain_shards is None else chain_shards
+        check_positive_int("chain_shards", self.chain_shards)
         self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
@@ -102,8 +109,8 @@ class VCDTrainer(tf.Module):
     def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
         """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings."""
         hmc = self.config.hmc
-        return hmc_chain(lambda z: self.model.log_joint(x, z), z0, step_size, num_iterations=hmc.num_iterations,
-                         seed=seed, **hmc.kernel_arguments())
+        return hmc_chain(sharded_target(self.model.log_joint, x, self.chain_shards), z0, step_size,
+                         num_iterations=hmc.num_iterations, seed=seed, **hmc.kernel_arguments())
 
     def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """One draw of the VCD gradient estimator, without changing any state.
