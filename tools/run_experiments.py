@@ -43,9 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from vcd_helpers.config import PROPOSALS, Config  # noqa: E402  (the work tree's package: the plan and paths)
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
-from vcd_helpers.runs import RunDirectory, evaluation_file_name  # noqa: E402
+from vcd_helpers.runs import COMMITTED_RESULTS as RESULTS, RunDirectory, evaluation_file_name  # noqa: E402
 
-RESULTS = ROOT / "results"
 CURVE = ("--curve-every-epochs", "25")
 SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
                "per_example_log_likelihood.npy", "local_baseline.npy", "resume_checks.jsonl")

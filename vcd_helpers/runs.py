@@ -60,6 +60,8 @@ from vcd_helpers.timing import Stopwatch, time_calls
 from vcd_helpers.trainers import build_trainer, check_chain_shards
 from vcd_helpers.training import Trainer, fit
 
+#: The runs committed with this checkout, one directory each (results/NAME): what the chapters read.
+COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "results"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
 RESULTS_FILE = "results.json"
