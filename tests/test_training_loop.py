@@ -101,9 +101,10 @@ def test_the_step_breakdown_adds_up_to_the_step():
     breakdown = bench.step_breakdown(CONFIG, chain_shards=2, calls=1, steps_per_call=2)
     assert breakdown.chain_shards == 2
     assert sum(breakdown.parts().values()) == pytest.approx(breakdown.step)
-    assert min(breakdown.step, breakdown.chain, breakdown.evaluations, breakdown.dots, breakdown.dots_gflops) > 0
+    assert min(breakdown.step, breakdown.chain, breakdown.evaluations, breakdown.dots, breakdown.step_gflops,
+               breakdown.dots_gflops, breakdown.shape_gflops, breakdown.matmul_rate) > 0
     text = bench.format_breakdown(breakdown).splitlines()
-    assert len(text) == 6 and max(map(len, text)) <= 80 and "2 block(s)" in text[0]
+    assert len(text) == 7 and max(map(len, text)) <= 80 and "2 block(s)" in text[0]
     with pytest.raises(ValueError, match="method='vae' is invalid"):
         bench.step_breakdown(CONFIG.replace(method="vae"))
 

@@ -58,17 +58,13 @@ def step_flops(config: Config) -> float:
     return float(per_example * config.batch_size)
 
 
-def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int = 5,
-                  dtype: tf.DType = tf.float32, jit_compile: bool = True) -> float:
-    """This machine's rate on [m, k] x [k, n] matrix multiplies of ``dtype``, in GFLOP/s.
-
-    The multiplies run back to back inside one compiled loop (XLA unless ``jit_compile`` is
-    False: then TensorFlow's own kernels, oneDNN on x86), each depending on the last, as the
-    chain's do, enough of them for about 2 GFLOP per call; the median of ``repeats`` timed calls
-    after a warm-up. The default, float32 at 1024^3 under XLA, is what large multiplies reach
-    here (the "dense rate"); the step's own shapes (at batch B the decoder's widest layer is
-    B x 200 x 784) show what small ones do, and ``tf.bfloat16`` what reduced precision would.
-    """
+def matmul_call(m: int = 1024, k: int = 1024, n: int = 1024, *, dtype: tf.DType = tf.float32,
+                jit_compile: bool = True) -> tuple[Callable[[], tf.Tensor], float]:
+    """``(call, flops)``: ``call()`` runs [m, k] x [k, n] matrix multiplies of ``dtype`` back to
+    back inside one compiled loop (XLA unless ``jit_compile`` is False: then TensorFlow's own
+    kernels, oneDNN on x86), each depending on the last, as the chain's do, enough of them for
+    about 2 GFLOP; ``flops`` is what one call computes. Time it beside other work
+    (``timing.time_alternately``) to express that work as a share of this rate."""
     a = tf.cast(tf.random.stateless_normal([m, k], seed=[1, 2]), dtype)
     b = tf.cast(tf.random.stateless_normal([k, n], seed=[3, 4]) / float(np.sqrt(k)), dtype)
     count = max(1, int(2e9 // (2 * m * k * n)))
@@ -81,7 +77,18 @@ def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int =
             return i + 1, c + tf.cast(1e-6, dtype) * product[:, :1], total + tf.cast(product[0, 0], tf.float32)
         return tf.while_loop(lambda i, *_: i < count, body, (0, a, 0.0))[2]
 
-    return 2 * m * k * n * count / time_calls(chained, repeats=repeats).median / 1e9
+    return chained, float(2 * m * k * n * count)
+
+
+def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int = 5,
+                  dtype: tf.DType = tf.float32, jit_compile: bool = True) -> float:
+    """This machine's rate on [m, k] x [k, n] matrix multiplies of ``dtype``, in GFLOP/s: the
+    median of ``repeats`` timed calls of ``matmul_call`` after a warm-up. The default, float32
+    at 1024^3 under XLA, is what large multiplies reach here (the "dense rate"); the step's own
+    shapes (at batch B the decoder's widest layer is B x 200 x 784) show what small ones do, and
+    ``tf.bfloat16`` what reduced precision would."""
+    call, flops = matmul_call(m, k, n, dtype=dtype, jit_compile=jit_compile)
+    return flops / time_calls(call, repeats=repeats).median / 1e9
 
 
 def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int = 0,
@@ -203,13 +210,16 @@ def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
 
 @dataclass(frozen=True)
 class StepBreakdown:
-    """Where a VCD step's milliseconds go: median ms of each part, timed alternately in one process.
+    """Where a VCD step's milliseconds go: median ms of each part, timed alternately in one process
+    together with the machine's multiply rates, so that drift hits them all alike.
 
     ``step``: the whole training step (XLA, in-graph loop); ``chain``: its HMC chain alone;
     ``evaluations``: the chain's 1 + T x L evaluations of log p(x, z) and its gradient, back to
     back with none of HMC's own work; ``dots``: only those evaluations' matrix multiplies (the
     decoder's three forward and three backward ones). The differences are the parts in between.
-    ``dots_gflops``: the rate the multiplies reach; ``matmul_rate``: the dense 1024^3 rate.
+    ``step_gflops`` and ``dots_gflops``: the rates the step and the multiplies reach;
+    ``shape_gflops``: the step's widest multiply (batch x hidden x 784) by itself;
+    ``matmul_rate``: dense 1024^3 multiplies (all GFLOP/s, float32).
     """
 
     chain_shards: int
@@ -217,7 +227,9 @@ class StepBreakdown:
     chain: float
     evaluations: float
     dots: float
+    step_gflops: float
     dots_gflops: float
+    shape_gflops: float
     matmul_rate: float
 
     def parts(self) -> dict[str, float]:
@@ -268,21 +280,29 @@ def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: in
 
     evaluations = repeated(lambda z: value_and_gradient(target, z)[1])
     dots = repeated(lambda z: tf.concat([_decoder_dots(weights, b) for b in tf.split(z, sizes)], axis=0))
-    timings = time_alternately({"step": step, "chain": chain, "evaluations": evaluations, "dots": dots},
-                               repeats=calls)
-    ms = {name: t.median_ms / (k if name == "step" else 1) for name, t in timings.items()}
+    dense, dense_flops = matmul_call()
+    widest, widest_flops = matmul_call(config.batch_size, config.model.hidden_units, NUM_PIXELS)
+    timings = time_alternately({"step": step, "chain": chain, "evaluations": evaluations, "dots": dots,
+                                "dense": dense, "widest": widest}, repeats=calls)
+    seconds = {name: t.median / (k if name == "step" else 1) for name, t in timings.items()}
     hidden, latent = config.model.hidden_units, config.model.latent_dim
     dot_flops = count * 2 * mlp_forward_flops([latent, hidden, hidden, NUM_PIXELS]) * config.batch_size
-    return StepBreakdown(chain_shards, ms["step"], ms["chain"], ms["evaluations"], ms["dots"],
-                         dot_flops / (ms["dots"] / 1000) / 1e9, matmul_gflops())
+    return StepBreakdown(chain_shards, *(1000 * seconds[name] for name in ("step", "chain", "evaluations", "dots")),
+                         step_gflops=step_flops(config) / seconds["step"] / 1e9,
+                         dots_gflops=dot_flops / seconds["dots"] / 1e9,
+                         shape_gflops=widest_flops / seconds["widest"] / 1e9,
+                         matmul_rate=dense_flops / seconds["dense"] / 1e9)
 
 
 def format_breakdown(breakdown: StepBreakdown) -> str:
     """The breakdown as a few lines of text: each part's ms and share of the step (a part is a
     difference of two medians, so on a noisy machine a small one can come out negative)."""
     b = breakdown
-    lines = [f"one VCD step, chain in {b.chain_shards} block(s): {b.step:.1f} ms"]
+    lines = [f"one VCD step, chain in {b.chain_shards} block(s): {b.step:.1f} ms, {b.step_gflops:.0f} GFLOP/s, "
+             f"{b.step_gflops / b.matmul_rate:.0%} of the dense rate"]
     lines += [f"  {name:<58}{ms:>6.1f} ms {ms / b.step:>5.0%}" for name, ms in b.parts().items()]
-    lines.append(f"  the multiplies alone run at {b.dots_gflops:.0f} GFLOP/s, "
-                 f"{b.dots_gflops / b.matmul_rate:.0%} of the dense rate ({b.matmul_rate:.0f} GFLOP/s)")
+    lines.append(f"  the multiplies alone: {b.dots_gflops:.0f} GFLOP/s, {b.dots_gflops / b.matmul_rate:.0%} of the "
+                 f"dense rate ({b.matmul_rate:.0f})")
+    lines.append(f"  the widest multiply alone: {b.shape_gflops:.0f} GFLOP/s, {b.shape_gflops / b.matmul_rate:.0%} "
+                 "of the dense rate")
     return "\n".join(lines)
