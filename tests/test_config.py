@@ -54,6 +54,7 @@ def test_bs_experiment_needs_a_batch_size_and_a_tuned_or_given_rate():
     ({"seed": -1}, "seed=-1 is invalid"),
     ({"evaluation": {"proposal": "prior"}}, "evaluation.proposal='prior' is invalid"),
     ({"steps": 2.5}, "steps=2.5 is invalid"),
+    ({"precision": "float16"}, "precision='float16' is invalid: must be one of float32, bfloat16"),
 ])
 def test_bad_values_are_rejected_with_field_value_and_rule(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.model import VAE, count_parameters
+from vcd_helpers.model import VAE, count_parameters, matmul, matmul_precision
 from vcd_helpers.objectives import elbo
 
 tfd = tfp.distributions
@@ -62,3 +63,46 @@ def test_elbo_is_finite_and_differentiable():
     assert value.shape == (4,) and np.all(np.isfinite(value))
     grads = tape.gradient(value, model.trainable_variables)
     assert all(g is not None for g in grads)
+
+
+def _bf16(t: tf.Tensor) -> np.ndarray:
+    return tf.cast(tf.cast(t, tf.bfloat16), tf.float32).numpy()
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_bfloat16_multiplies_round_operands_and_product_but_sum_in_float32(jit_compile):
+    a = tf.random.stateless_normal([64, 200], seed=[1, 2])
+    b = tf.random.stateless_normal([200, 784], seed=[3, 4])
+
+    @tf.function(jit_compile=jit_compile)
+    def product(a, b):
+        with matmul_precision("bfloat16"):
+            return matmul(a, b)
+
+    out = product(a, b).numpy()
+    # The exact product of the rounded operands, summed in float64, then rounded once to bfloat16:
+    # a sum in bfloat16 over 200 terms would be off by many of its units in the last place.
+    exact = _bf16(a).astype(np.float64) @ _bf16(b).astype(np.float64)
+    ulp = np.abs(_bf16(tf.constant(exact, tf.float32))) * 2.0 ** -7
+    assert out.dtype == np.float32
+    assert np.all(np.abs(out - exact) <= ulp + 1e-6)
+    assert np.max(np.abs(out - exact) / (np.abs(exact) + 1e-3)) > 1e-4  # the product was rounded: not float32
+    np.testing.assert_allclose(matmul(a, b), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)  # outside: float32
+
+
+def test_matmul_precision_applies_inside_its_block_only_and_names_bad_values():
+    model = VAE(seed=0)
+    x = tf.cast(tf.random.stateless_uniform([4, 784], seed=[1, 1]) < 0.2, tf.float32)
+    z = tf.random.stateless_normal([4, 10], seed=[2, 2])
+    full = model.log_joint(x, z)
+    with matmul_precision("bfloat16"):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            reduced = model.log_joint(x, z)
+        grad = tape.gradient(reduced, z)
+    assert reduced.dtype == grad.dtype == tf.float32 and np.all(np.isfinite(grad))
+    assert 0 < np.max(np.abs(reduced - full)) < 0.02 * np.max(np.abs(full))
+    np.testing.assert_array_equal(model.log_joint(x, z), full)
+    with pytest.raises(ValueError, match="precision='float16' is invalid: must be one of float32, bfloat16"):
+        with matmul_precision("float16"):
+            pass

@@ -125,6 +125,20 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
     assert times.shape == (18, 2) and np.all(times[:, 1] >= times[:, 0])
 
 
+def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch):
+    config, _, x = batch
+    baseline, seed = 100.0 * tf.random.stateless_normal([24], seed=[3, 3]), tf.constant([5, 6])
+    estimates = {}
+    for precision in ("float32", "bfloat16"):
+        plain = build_trainer(config.replace(precision=precision), jit_compile=False)
+        estimates[precision] = tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+    trainer = build_trainer(config.replace(precision="bfloat16"), jit_compile=False, execution=PipelineConfig(
+        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES))
+    actual, _ = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
+    assert max_relative_error(estimates["bfloat16"], actual) < 1e-4
+    assert max_relative_error(estimates["float32"], actual) > 1e-3
+
+
 def test_one_micro_batch_is_the_plain_estimator(batch):
     config, _, x = batch
     plain = build_trainer(config, jit_compile=False)

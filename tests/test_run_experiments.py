@@ -25,7 +25,7 @@ def _config(run):
 
 def test_the_plan_is_the_issue_list_of_valid_runs():
     configs = {run.name: _config(run) for run in runner.PLAN}
-    assert len(configs) == len(runner.PLAN) == 20
+    assert len(configs) == len(runner.PLAN) == 21
     headline = [run.name for run in runner.PLAN if run.headline]
     assert headline == ["vcd_scheduled_e800_s0", "vae_e800_s0", "vcd_global_e800_s0"]  # runs 1-3, first
     for name in headline:
@@ -35,6 +35,8 @@ def test_the_plan_is_the_issue_list_of_valid_runs():
     assert configs["vcd_global_e800_s0"].control_variate.kind == "global"
     assert configs["vae_e800_s0"].method == "vae"
     assert configs["vcd_local_e100_s2"].control_variate.kind == "local" and configs["vcd_local_e100_s2"].seed == 2
+    # bf16 against float32: the same run but for the multiplies' precision.
+    assert configs["vcd_scheduled_e100_s0_bf16"] == configs["vcd_scheduled_e100_s0"].replace(precision="bfloat16")
     # The batch-size study: 100 epochs at the tuned rates, the decay timescale scaled with the length.
     assert configs["bs1024_e100"].optimizer.learning_rate == 1.3e-3
     assert configs["bs16_e100"].num_steps == 100 * 50_000 // 16

@@ -116,6 +116,8 @@ def test_a_directory_holding_another_run_is_refused(tmp_path):
     RunDirectory(tmp_path / "run").claim(config)  # the same run: fine (it resumes)
     with pytest.raises(RunDirectoryError, match=r"seed: 0 in the directory, 7 requested"):
         RunDirectory(tmp_path / "run").claim(config.replace(seed=7))
+    with pytest.raises(RunDirectoryError, match=r"precision: 'float32' in the directory, 'bfloat16' requested"):
+        RunDirectory(tmp_path / "run").claim(config.replace(precision="bfloat16"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(RunDirectoryError, match="not empty"):
@@ -138,6 +140,8 @@ def test_cli_overrides():
     profiled = _resolve("--config", "default", "--profile", "test")
     assert (profiled.num_steps, profiled.evaluation.num_examples) == (30, 20)
     assert _resolve("--config", "default", "--eval-samples", "64").evaluation.chunk_size == 64
+    assert (_resolve("--config", "default").precision,
+            _resolve("--config", "default", "--precision", "bfloat16").precision) == ("float32", "bfloat16")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -150,6 +154,23 @@ def test_cli_overrides():
 def test_cli_bad_input_is_a_clear_error(argv, message, capsys):
     assert main(["train", "--results", "/nonexistent/run", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_refuses_a_precision_with_the_breakdown(capsys):
+    assert main(["bench", "--breakdown", "--precision", "bfloat16"]) == 2
+    assert "--precision bfloat16 is invalid with --breakdown" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main(["train", "--results", "/nonexistent/run", "--config", "default", "--precision", "float16"])
+    assert "invalid choice: 'float16' (choose from" in capsys.readouterr().err
+
+
+def test_a_run_stored_before_precision_existed_resumes_as_float32(tmp_path):
+    config = load_config("smoke")
+    stored = config.to_dict()
+    del stored["precision"]  # config.json as the runs started before the field was added hold it
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    assert RunDirectory(tmp_path).stored_config() == config
+    RunDirectory(tmp_path).claim(config)  # the same run: it resumes
 
 
 def test_resume_without_config_uses_the_stored_one(tmp_path):

@@ -82,17 +82,19 @@ def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape():
     assert bench.matmul_gflops(16, 32, 64, repeats=1, dtype=tf.bfloat16, jit_compile=False) > 0
     row = bench.BenchmarkRow("default", 100, ms_per_step=50.0, examples_per_second=2000.0,
                              gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0, cores_used=1.15,
-                             chain_shards=2)
+                             chain_shards=2, precision="bfloat16")
     vae = bench.BenchmarkRow("vae", 100, 5.0, 20000.0, 20.0, 90.0, 1.0, 1.0)
     table = bench.format_benchmark([row, vae], matmul_rate=150.0).splitlines()
     assert table[0].startswith(f"CPU: {devices.cpu_model()}") and max(map(len, table)) <= 80
     assert table[-3].split()[-6:] == ["of", "dense", "cores", "shards", "shape", "bound"]
-    assert table[-2].split() == ["default", "100", "50.0", "2000", "72.0", "48%", "1.15", "2", "90", "40.0"]
-    assert table[-1].split()[-3] == "-"  # the VAE has no chain
+    assert table[-2].split() == ["default", "100", "bf16", "50.0", "2000", "72.0", "48%", "1.15", "2", "90", "40.0"]
+    assert table[-1].split()[2] == "f32" and table[-1].split()[-3] == "-"  # the VAE has no chain
 
 
-def test_a_benchmark_row_names_the_blocks_of_its_chain():
-    assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0, chain_shards=2).chain_shards == 2
+def test_a_benchmark_row_names_the_blocks_of_its_chain_and_its_precision():
+    row = bench.benchmark_row(CONFIG.replace(precision="bfloat16"), steps_per_call=2, calls=1, shape_gflops=1.0,
+                              chain_shards=2)
+    assert (row.chain_shards, row.precision) == (2, "bfloat16")
     assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0).chain_shards == \
         devices.compute_threads()
 

@@ -78,6 +78,10 @@ def _plan() -> list[Run]:
     for seed in (0, 1, 2):
         runs += [Run(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
                  for kind, options in kinds.items()]
+        if seed == 0:
+            # bfloat16 multiplies against vcd_scheduled_e100_s0 (float32): acceptance, log-likelihood.
+            runs.append(Run("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed", "0",
+                                                           "--precision", "bfloat16", *CURVE)))
     # 5: the blog's batch-size study at 100 epochs (global baseline, tuned learning rates), its
     # decay timescale (307 epochs in 8,200) scaled to the length: 30 epochs x 100 / 800.
     runs += [Run(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",
@@ -249,15 +253,16 @@ def _format_duration(seconds: float) -> str:
 
 def status(root: Path) -> str:
     """One line per planned run: state, progress, recent speed, curve, expected finish."""
+    width = max(len(run.name) for run in PLAN)
     lines = [f"runs in {root / 'runs'}; CPU {cpu_model()}",
-             f"{'run':<24} {'state':<10} {'epoch':>11} {'ms/step':>8} {'curve LL':>9} {'left':>6}  finish"]
+             f"{'run':<{width}} {'state':<10} {'epoch':>11} {'ms/step':>8} {'curve LL':>9} {'left':>6}  finish"]
     for run in PLAN:
         directory = root / "runs" / run.name
         config_path = directory / "config.json"
         results = _read_json(directory / "results.json")
         holder = RunDirectory(directory).holder()
         if not config_path.exists():
-            lines.append(f"{run.name:<24} {'pending':<10}")
+            lines.append(f"{run.name:<{width}} {'pending':<10}")
             continue
         config = Config.from_dict(json.loads(config_path.read_text()))
         rows = _tail_rows(directory / "metrics.csv", 6)
@@ -278,7 +283,7 @@ def status(root: Path) -> str:
         finish = (f"{datetime.now() + timedelta(seconds=left):%a %H:%M}" if holder and left == left else "")
         left_text = "" if left != left else _format_duration(left)
         ms_text = f"{ms_per_step:.1f}" if ms else "-"
-        lines.append(f"{run.name:<24} {state:<10} {epoch:>11} {ms_text:>8} {curve_ll:>9} {left_text:>6}  {finish}")
+        lines.append(f"{run.name:<{width}} {state:<10} {epoch:>11} {ms_text:>8} {curve_ll:>9} {left_text:>6}  {finish}")
     lines.append("left/finish: training and curve evaluations still to run at the recent speed (the final "
                  "evaluations come on top)")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +31,8 @@ from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
+#: How the benchmark table names each of ``config.PRECISIONS``.
+PRECISION_LABELS = {"float32": "f32", "bfloat16": "bf16"}
 
 
 def mlp_forward_flops(sizes: list[int]) -> int:
@@ -136,7 +138,8 @@ class BenchmarkRow:
     widest multiply at this batch size (batch x hidden x 784), measured in the same run, and
     ``bound_ms``: the step's time if all its FLOPs ran at that rate; ``cores_used``: process CPU
     time over wall time while the step ran (1.0: one core kept busy); ``chain_shards``: blocks of
-    VCD's chain evaluated concurrently (None: the VAE, which has no chain)."""
+    VCD's chain evaluated concurrently (None: the VAE, which has no chain); ``precision``: the
+    networks' multiplies (``config.precision``)."""
 
     config: str
     batch_size: int
@@ -147,6 +150,7 @@ class BenchmarkRow:
     bound_ms: float
     cores_used: float
     chain_shards: int | None = None
+    precision: str = "float32"
 
 
 def decoder_layer_gflops(config: Config) -> float:
@@ -175,16 +179,18 @@ def row_from_timing(config: Config, timed: Timing, shape_gflops: float, *,
     flops, ms = step_flops(config), timed.median_ms
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
                         flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9),
-                        timed.cores_used, chain_shards)
+                        timed.cores_used, chain_shards, config.precision)
 
 
 def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_call: int = 10,
-                  calls: int = 5, chain_shards: int | None = None) -> list[BenchmarkRow]:
-    """``benchmark_row`` for each preset and batch size. Speed does not depend on the learning
-    rate, so every batch size (tuned or not) runs at the preset's batch-100 rate. The matmul
-    rate at each batch size's shape is measured once and shared by the presets."""
-    configs = [load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4})
-               for name in config_names for batch_size in batch_sizes]
+                  calls: int = 5, chain_shards: int | None = None,
+                  precisions: Sequence[str] = ("float32",)) -> list[BenchmarkRow]:
+    """``benchmark_row`` for each preset, batch size and precision (``config.PRECISIONS``; the
+    precisions of one preset and batch size are timed one after the other). Speed does not depend
+    on the learning rate, so every batch size (tuned or not) runs at the preset's batch-100 rate.
+    The matmul rate at each batch size's shape is measured once and shared by the presets."""
+    configs = [load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4}, precision=precision)
+               for name in config_names for batch_size in batch_sizes for precision in precisions]
     rates = {c.batch_size: decoder_layer_gflops(c) for c in configs}
     return [benchmark_row(c, steps_per_call=steps_per_call, calls=calls, shape_gflops=rates[c.batch_size],
                           chain_shards=chain_shards) for c in configs]
@@ -195,16 +201,18 @@ def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
     the CPU model and the large-matmul rate for comparison above it."""
     lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
              "at 1024^3 (XLA)",
+             "prec: the networks' multiplies (f32, or bf16 operands with float32 sums);",
              "of dense: GFLOP/s over that rate; cores: process CPU time / wall time; shards:",
              "  blocks of chains evaluated concurrently",
              "shape: GFLOP/s at the step's widest multiply (batch x 200 x 784); bound: the",
              "  step's ms if all its FLOPs ran at that rate",
-             f"{'config':<10}{'batch':>6}{'ms/step':>9}{'ex/s':>8}{'GFLOP/s':>9}{'of dense':>9}{'cores':>7}"
-             f"{'shards':>7}{'shape':>7}{'bound':>7}"]
+             f"{'config':<10}{'batch':>6}{'prec':>5}{'ms/step':>8}{'ex/s':>7}{'GFLOP/s':>8}{'of dense':>9}"
+             f"{'cores':>6}{'shards':>7}{'shape':>6}{'bound':>7}"]
     for r in rows:
-        lines.append(f"{r.config:<10}{r.batch_size:>6}{r.ms_per_step:>9.1f}{r.examples_per_second:>8.0f}"
-                     f"{r.gflops_per_second:>9.1f}{r.gflops_per_second / matmul_rate:>9.0%}{r.cores_used:>7.2f}"
-                     f"{r.chain_shards or '-':>7}{r.shape_gflops:>7.0f}{r.bound_ms:>7.1f}")
+        lines.append(f"{r.config:<10}{r.batch_size:>6}{PRECISION_LABELS[r.precision]:>5}{r.ms_per_step:>8.1f}"
+                     f"{r.examples_per_second:>7.0f}{r.gflops_per_second:>8.1f}"
+                     f"{r.gflops_per_second / matmul_rate:>9.0%}{r.cores_used:>6.2f}"
+                     f"{r.chain_shards or '-':>7}{r.shape_gflops:>6.0f}{r.bound_ms:>7.1f}")
     return "\n".join(lines)
 
 

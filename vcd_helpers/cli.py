@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Sequence
 
-from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PROFILES, PROPOSALS, STRATEGIES, Config,
+from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PRECISIONS, PROFILES, PROPOSALS, STRATEGIES, Config,
                                 EvaluationConfig, get_profile, load_config, preset_values)
 
 
@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-samples", type=int, help="importance samples per image")
     train.add_argument("--eval-proposal", choices=PROPOSALS)
     train.add_argument("--no-xla", action="store_true", help="compile the step without XLA (slower)")
+    train.add_argument("--precision", choices=PRECISIONS,
+                       help="the networks' multiplies in training (default float32; bfloat16: bf16 operands, "
+                            "float32 sums and state; evaluation is always float32)")
     train.add_argument("--chain-shards", type=int,
                        help="blocks of chains whose HMC evaluations run concurrently (VCD; speed only, same maths); "
                             "default: one per compute thread")
@@ -77,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps-per-call", type=int, default=10)
     bench.add_argument("--calls", type=int, default=5, help="timed calls per row (median reported)")
     bench.add_argument("--chain-shards", type=int, help="blocks of the VCD chain (default: one per compute thread)")
+    bench.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["float32"],
+                       help="time each row in each of these precisions (see train --precision)")
     bench.add_argument("--breakdown", action="store_true",
                        help="instead: where the first config's VCD step spends its time, at the first batch size, "
                             "with the chain in one block and in --chain-shards blocks")
@@ -133,6 +138,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
     values["evaluation"]["chunk_size"] = min(values["evaluation"]["num_samples"], values["evaluation"]["chunk_size"])
     if args.control_variate is not None:
         values["control_variate"]["kind"] = args.control_variate
+    if args.precision is not None:
+        values["precision"] = args.precision
     if args.strategy is not None:
         values["strategy"] = args.strategy
         values["replicas"] = 1
@@ -256,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from vcd_helpers.devices import compute_threads, cpu_model
 
             if args.breakdown:
+                if args.precision != ["float32"]:
+                    raise ValueError(f"--precision {' '.join(args.precision)} is invalid with --breakdown: the "
+                                     "breakdown times float32 multiplies only")
                 config = load_config(args.configs[0], batch_size=args.batch_sizes[0], optimizer={"learning_rate": 5e-4})
                 print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
                 for shards in dict.fromkeys([1, args.chain_shards or compute_threads()]):
@@ -263,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           steps_per_call=args.steps_per_call)))
                 return 0
             rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls,
-                                 chain_shards=args.chain_shards)
+                                 chain_shards=args.chain_shards, precisions=args.precision)
             print(format_benchmark(rows, matmul_gflops()))
             print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
                   "XLA step in the in-graph loop, as the training command runs it)")

@@ -41,6 +41,9 @@ PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
 EVAL_SPLITS = ("valid", "test")
 #: How a VCD step is spread over devices: one device, mirrored replicas, or one process per worker.
 STRATEGIES = ("none", "mirrored", "multi_worker")
+#: What the networks' matrix multiplies take as operands in a training step (``model.matmul_precision``):
+#: float32, or bfloat16 operands whose products are summed in float32. Everything else stays float32.
+PRECISIONS = ("float32", "bfloat16")
 
 
 def _fail(field_name: str, value: Any, allowed: str) -> None:
@@ -219,6 +222,7 @@ class Config:
     curve_every_epochs: float | None = None
     strategy: str = "none"
     replicas: int = 1
+    precision: str = "float32"
     model: ModelConfig = field(default_factory=ModelConfig)
     hmc: HMCConfig = field(default_factory=HMCConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -259,6 +263,7 @@ class Config:
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
         _one_of("strategy", self.strategy, STRATEGIES)
         check_positive_int("replicas", self.replicas)
+        _one_of("precision", self.precision, PRECISIONS)
         if self.strategy == "none" and self.replicas != 1:
             _fail("replicas", self.replicas, "must be 1 without a strategy (--strategy mirrored or multi_worker)")
         if self.strategy != "none" and self.method != "vcd":

@@ -6,13 +6,48 @@ Shapes: x [batch, 784] in {0, 1}; z [..., batch, latent] (leading sample dimensi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, ModelConfig
+from vcd_helpers.config import NUM_PIXELS, PRECISIONS, ModelConfig
 from vcd_helpers.seeds import SeedLike, split_seed
+
+# Read when a function is traced, like Keras's mixed-precision policy: the training steps set it
+# around the code they trace; evaluation never does, so the model is always measured in float32.
+_MATMUL_DTYPE: contextvars.ContextVar[tf.DType] = contextvars.ContextVar("matmul_dtype", default=tf.float32)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """Within the block, the networks' matrix multiplies (``matmul``) use ``precision``.
+
+    'bfloat16': both operands are rounded to bfloat16 and multiplied by the backend's bfloat16
+    kernel, which sums the products in float32; the product is rounded to bfloat16 and widened
+    back to float32. The multiplies of the gradients through these layers run the same way (the
+    tape differentiates the casts). Biases, activations, likelihoods, HMC's state, the weights and
+    the optimiser stay float32. It acts on what is traced inside the block, in this thread.
+
+    Raises ValueError for a precision outside ``config.PRECISIONS``.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is invalid: must be one of {', '.join(PRECISIONS)}")
+    token = _MATMUL_DTYPE.set(tf.as_dtype(precision))
+    try:
+        yield
+    finally:
+        _MATMUL_DTYPE.reset(token)
+
+
+def matmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """a [m, k] @ b [k, n] -> float32 [m, n], in the precision ``matmul_precision`` set (float32 by default)."""
+    dtype = _MATMUL_DTYPE.get()
+    if dtype == a.dtype:
+        return tf.linalg.matmul(a, b)
+    return tf.cast(tf.linalg.matmul(tf.cast(a, dtype), tf.cast(b, dtype)), a.dtype)
 
 
 
@@ -42,7 +77,7 @@ class MLP(tf.Module):
         h = tf.reshape(inputs, [-1, inputs.shape[-1]])
         last = len(self.weights) - 1
         for k, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = tf.linalg.matmul(h, w) + b
+            h = matmul(h, w) + b
             if k < last:
                 h = tf.nn.relu(h)
         return tf.reshape(h, tf.concat([leading, tf.shape(h)[-1:]], axis=0))

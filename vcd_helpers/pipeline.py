@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.hmc import HMCResult
-from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
+from vcd_helpers.model import VAE, bernoulli_log_likelihood, matmul_precision, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
@@ -389,7 +389,7 @@ class PipelinedVCDTrainer(VCDTrainer):
             with tf.device(p.device(task.stage)):
                 with tf.control_dependencies([] if after is None else [after]):
                     start = tf.timestamp()
-                with tf.control_dependencies([start]):
+                with tf.control_dependencies([start]), matmul_precision(self.config.precision):
                     done[task] = run(task)
                 with tf.control_dependencies([t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]):
                     end = tf.timestamp()

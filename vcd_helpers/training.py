@@ -21,7 +21,7 @@ from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.devices import compute_threads
 from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
-from vcd_helpers.model import VAE
+from vcd_helpers.model import VAE, matmul_precision
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
 from vcd_helpers.timing import Stopwatch
@@ -69,7 +69,7 @@ class VAETrainer(tf.Module):
         del index
         groups = self.model.parameter_groups()
         seed = tf.random.experimental.stateless_fold_in(self.seed, self.step)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, matmul_precision(self.config.precision):
             loss = -tf.reduce_sum(elbo(self.model, x, seed))
         gradients = tape.gradient(loss, groups)
         for name, optimizer in self.optimizers.items():
@@ -117,11 +117,12 @@ class VCDTrainer(tf.Module):
 
         x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from the
         persistent ``step_size``. Chapter 4 calls this many times at fixed parameters to measure
-        the estimator's variance; gradient accumulation calls it once per micro-batch.
+        the estimator's variance; gradient accumulation calls it once per micro-batch. The networks
+        multiply in ``config.precision``.
         """
         groups = self.model.parameter_groups()
         noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape(persistent=True) as tape, matmul_precision(self.config.precision):
             loc, scale = self.model.encoder(x)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
