@@ -120,5 +120,9 @@ def test_profile_validation_names_the_bad_value():
         dataclasses.replace(book, timed_preset="huge")
     with pytest.raises(ValueError, match=r"profile.batch_sizes \(16, -1\) is invalid"):
         dataclasses.replace(book, batch_sizes=(16, -1))
+    with pytest.raises(ValueError, match=r"profile.sample_sweep \(\) is invalid"):
+        dataclasses.replace(book, sample_sweep=())
+    with pytest.raises(ValueError, match="profile.ais_temperatures"):
+        dataclasses.replace(book, ais_temperatures=0)
     for profile in config.PROFILES.values():  # every profile's timed step loads
         config.load_config(profile.timed_preset)

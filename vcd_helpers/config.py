@@ -439,6 +439,8 @@ class RunProfile:
     chapters (4 to 6) measure: ``timed_preset``, the preset of the step they time (the paper's, or
     a small one whose compilations take seconds); ``timed_calls``, timed calls behind each median;
     ``timed_steps``, the length of their timed loops; ``batch_sizes``, the batch sizes they sweep.
+    How chapter 2 checks the evaluation: ``sample_sweep``, the numbers of importance samples S it
+    compares, and ``ais_temperatures``, the length of its annealed importance sampling schedule.
     """
 
     name: str
@@ -453,6 +455,8 @@ class RunProfile:
     timed_calls: int
     timed_steps: int
     batch_sizes: tuple[int, ...]
+    sample_sweep: tuple[int, ...]
+    ais_temperatures: int
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -461,8 +465,10 @@ class RunProfile:
         if self.timed_preset not in available_presets():
             raise ValueError(f"profile.timed_preset {self.timed_preset!r} is invalid: must be one of "
                              f"{', '.join(available_presets())}")
-        if not self.batch_sizes or any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
-            raise ValueError(f"profile.batch_sizes {self.batch_sizes!r} is invalid: must be positive integers")
+        for name in ("batch_sizes", "sample_sweep"):
+            values = getattr(self, name)
+            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"profile.{name} {values!r} is invalid: must be positive integers")
 
     def evaluation_config(self, base: EvaluationConfig | None = None) -> EvaluationConfig:
         """``base`` (default: the paper's) resized to this profile."""
@@ -477,16 +483,20 @@ class RunProfile:
 
 
 _BOOK_SWEEP = (16, 100, 128, 512, 1024)
+_SAMPLE_SWEEP = (10, 100, 1_000, 20_000)  # up to the paper's S
 PROFILES: dict[str, RunProfile] = {
     "test": RunProfile("test", train_steps=30, eval_examples=20, eval_samples=100,
                        eval_burn_in=10, eval_kept=10, hmc_examples=8, gradient_draws=6,
-                       timed_preset="tiny", timed_calls=1, timed_steps=20, batch_sizes=(16, 128)),
+                       timed_preset="tiny", timed_calls=1, timed_steps=20, batch_sizes=(16, 128),
+                       sample_sweep=(10, 100), ais_temperatures=50),
     "book": RunProfile("book", train_steps=3000, eval_examples=1000, eval_samples=1000,
                        eval_burn_in=100, eval_kept=100, hmc_examples=100, gradient_draws=50,
-                       timed_preset="default", timed_calls=3, timed_steps=200, batch_sizes=_BOOK_SWEEP),
+                       timed_preset="default", timed_calls=3, timed_steps=200, batch_sizes=_BOOK_SWEEP,
+                       sample_sweep=_SAMPLE_SWEEP, ais_temperatures=1000),
     "paper": RunProfile("paper", train_steps=400_000, eval_examples=10_000, eval_samples=20_000,
                         eval_burn_in=300, eval_kept=300, hmc_examples=1000, gradient_draws=200,
-                        timed_preset="default", timed_calls=5, timed_steps=200, batch_sizes=_BOOK_SWEEP),
+                        timed_preset="default", timed_calls=5, timed_steps=200, batch_sizes=_BOOK_SWEEP,
+                        sample_sweep=_SAMPLE_SWEEP, ais_temperatures=1000),
 }
 DEFAULT_PROFILE = "book"
 

@@ -152,10 +152,6 @@ class VAE(tf.Module):
         with tf.device(devices.get("decoder")):
             self.decoder = Decoder(self.config, decoder_seed)
 
-    @property
-    def latent_dim(self) -> int:
-        return self.config.latent_dim
-
     def log_joint(self, x: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
         """log p(x, z) = log p(x | z) + log p(z): x [batch, 784], z [..., batch, latent] -> [..., batch]."""
         return bernoulli_log_likelihood(x, self.decoder(z)) + standard_normal_log_prob(z)

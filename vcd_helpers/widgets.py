@@ -17,17 +17,20 @@ from vcd_helpers.model import VAE
 from vcd_helpers.plots import plot_hmc_run
 from vcd_helpers.timing import time_calls
 
+# Labels at their natural width: the default box cut "leapfrog steps" to "leapfrog s...".
+LABEL_STYLE = {"description_width": "initial"}
+
 
 def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int = 8,
                  num_leapfrog_steps: int = 5, step_size: float = 0.05) -> widgets.Widget:
     """Sliders for HMC iterations, leapfrog steps and initial step size; each change reruns the
     chain on p(z | x) and redraws ``plot_hmc_run``."""
     iterations = widgets.IntSlider(value=num_iterations, min=1, max=100, description="iterations",
-                                   continuous_update=False)
+                                   continuous_update=False, style=LABEL_STYLE)
     leapfrog_steps = widgets.IntSlider(value=num_leapfrog_steps, min=1, max=30, description="leapfrog steps",
-                                       continuous_update=False)
+                                       continuous_update=False, style=LABEL_STYLE)
     step = widgets.FloatLogSlider(value=step_size, base=10, min=-3, max=0, step=0.1, description="step size",
-                                  readout_format=".3f", continuous_update=False)
+                                  readout_format=".3f", continuous_update=False, style=LABEL_STYLE)
     output = widgets.Output()
 
     def redraw(_=None):
@@ -52,9 +55,9 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
     ms/step, examples/s and GFLOP/s. Each (batch size, steps per call) is compiled the first time
     it is chosen, which takes seconds (a line says so meanwhile), and kept: going back is quick."""
     batch = widgets.SelectionSlider(options=list(batch_sizes), value=config.batch_size if config.batch_size in
-                                    batch_sizes else batch_sizes[0], description="batch size", continuous_update=False)
+                                    batch_sizes else batch_sizes[0], description="batch size", continuous_update=False, style=LABEL_STYLE)
     per_call = widgets.SelectionSlider(options=list(steps_per_call), value=steps_per_call[0],
-                                       description="steps/call", continuous_update=False)
+                                       description="steps/call", continuous_update=False, style=LABEL_STYLE)
     output = widgets.Output()
     compiled: dict[tuple[int, int], tuple] = {}
     shape_rates: dict[int, float] = {}
