@@ -63,6 +63,13 @@ def test_seeds_are_stateless_and_split():
     children = seeds.split_seed(5, 3).numpy()
     assert children.shape == (3, 2) and len({tuple(c) for c in children}) == 3
     assert not np.array_equal(seeds.fold_in(5, 1), seeds.fold_in(5, 2))
+    # fold_in draws what the raw TF op draws on the same tensors: the trainers' int64 step keeps its
+    # dtype (the runs' checkpoints depend on it), a Python int folds in as int32.
+    step_seed = seeds.fold_in(seeds.training_seed(3, "vcd"), tf.constant(7, tf.int64))
+    raw = tf.random.experimental.stateless_fold_in(tf.constant([3, 2], tf.int32), tf.constant(7, tf.int64))
+    np.testing.assert_array_equal(step_seed, raw)
+    assert step_seed.dtype == tf.int64
+    np.testing.assert_array_equal(seeds.fold_in(step_seed, 4), tf.random.experimental.stateless_fold_in(step_seed, 4))
     with pytest.raises(ValueError, match=r"seed has shape \(3,\)"):
         seeds.as_seed(tf.constant([1, 2, 3]))
 

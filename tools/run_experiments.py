@@ -79,9 +79,10 @@ def _plan() -> list[Run]:
         runs += [Run(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
                  for kind, options in kinds.items()]
         if seed == 0:
-            # bfloat16 multiplies against vcd_scheduled_e100_s0 (float32): acceptance, log-likelihood.
-            runs.append(Run("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed", "0",
-                                                           "--precision", "bfloat16", *CURVE)))
+            # bfloat16 multiplies against vcd_scheduled_e100_s0 (float32), which runs beside it:
+            # acceptance, step size and log-likelihood of the same run but for the multiplies.
+            runs.insert(-3, Run("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed",
+                                                               "0", "--precision", "bfloat16", *CURVE)))
     # 5: the blog's batch-size study at 100 epochs (global baseline, tuned learning rates), its
     # decay timescale (307 epochs in 8,200) scaled to the length: 30 epochs x 100 / 800.
     runs += [Run(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",

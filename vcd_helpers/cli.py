@@ -229,64 +229,79 @@ def _error_message(error: BaseException) -> str | None:
     return None
 
 
+def _train(args: argparse.Namespace, argv: list[str]) -> int:
+    """``train``: resolve the config, set up the strategy, run (or resume) the run, print its summary."""
+    if args.steps_per_call is not None and args.steps_per_call < 1:
+        raise ValueError(f"--steps-per-call {args.steps_per_call} is invalid: must be a positive integer")
+    config = resolve_config(args)
+    if config.strategy == "multi_worker" and READY_FD_ENV not in os.environ:
+        return _supervise(argv)
+    from vcd_helpers.distributed import build_strategy
+
+    strategy = build_strategy(config)  # before any other TensorFlow op
+    _report_ready()
+    from vcd_helpers.runs import RunDirectory, train_run
+
+    if args.resume and RunDirectory(args.results).stored_config() is None:
+        raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
+    # SIGTERM stops the run as Ctrl-C does: with a word, not silently. SIGINT too, explicitly: a
+    # process started in the background (a shell's '&', a test worker) inherits it ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupt)
+    results = train_run(config, args.results, command=shlex.join(["python", "-m", "vcd_helpers", *argv]),
+                        progress=not args.quiet, jit_compile=False if args.no_xla else None,
+                        steps_per_call=args.steps_per_call, strategy=strategy, chain_shards=args.chain_shards)
+    summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second", "test_log_likelihood")}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """``bench``: the table of step timings, or ``--breakdown`` of one step."""
+    from vcd_helpers.bench import format_benchmark, format_breakdown, matmul_gflops, run_benchmark, step_breakdown
+    from vcd_helpers.devices import compute_threads, cpu_model
+
+    if args.breakdown:
+        if args.precision != ["float32"]:
+            raise ValueError(f"--precision {' '.join(args.precision)} is invalid with --breakdown: the "
+                             "breakdown times float32 multiplies only")
+        config = load_config(args.configs[0], batch_size=args.batch_sizes[0], optimizer={"learning_rate": 5e-4})
+        print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
+        for shards in dict.fromkeys([1, args.chain_shards or compute_threads()]):
+            print(format_breakdown(step_breakdown(config, chain_shards=shards, calls=args.calls,
+                                                  steps_per_call=args.steps_per_call)))
+        return 0
+    rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls,
+                         chain_shards=args.chain_shards, precisions=args.precision)
+    print(format_benchmark(rows, matmul_gflops()))
+    print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
+          "XLA step in the in-graph loop, as the training command runs it)")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """``evaluate``: a finished or interrupted run's log-likelihood, by importance sampling or AIS."""
+    from vcd_helpers.runs import evaluate_run, evaluate_run_ais
+
+    if args.ais:
+        record = evaluate_run_ais(args.results, num_examples=args.examples or 100,
+                                  num_temperatures=args.temperatures, num_chains=args.chains)
+    else:
+        record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
+                              num_examples=args.examples)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    command = shlex.join(["python", "-m", "vcd_helpers", *argv])
     try:
         if args.command == "train":
-            if args.steps_per_call is not None and args.steps_per_call < 1:
-                raise ValueError(f"--steps-per-call {args.steps_per_call} is invalid: must be a positive integer")
-            config = resolve_config(args)
-            if config.strategy == "multi_worker" and READY_FD_ENV not in os.environ:
-                return _supervise(argv)
-            from vcd_helpers.distributed import build_strategy
-
-            strategy = build_strategy(config)  # before any other TensorFlow op
-            _report_ready()
-            from vcd_helpers.runs import RunDirectory, train_run
-
-            if args.resume and RunDirectory(args.results).stored_config() is None:
-                raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
-            # SIGTERM stops the run as Ctrl-C does: with a word, not silently. SIGINT too, explicitly: a
-            # process started in the background (a shell's '&', a test worker) inherits it ignored.
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, _raise_interrupt)
-            results = train_run(config, args.results, command=command, progress=not args.quiet,
-                                jit_compile=False if args.no_xla else None, steps_per_call=args.steps_per_call, strategy=strategy,
-                                chain_shards=args.chain_shards)
-            summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second",
-                                               "test_log_likelihood")}
-            print(json.dumps(summary, indent=2))
-        elif args.command == "bench":
-            from vcd_helpers.bench import format_benchmark, format_breakdown, matmul_gflops, run_benchmark, step_breakdown
-            from vcd_helpers.devices import compute_threads, cpu_model
-
-            if args.breakdown:
-                if args.precision != ["float32"]:
-                    raise ValueError(f"--precision {' '.join(args.precision)} is invalid with --breakdown: the "
-                                     "breakdown times float32 multiplies only")
-                config = load_config(args.configs[0], batch_size=args.batch_sizes[0], optimizer={"learning_rate": 5e-4})
-                print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
-                for shards in dict.fromkeys([1, args.chain_shards or compute_threads()]):
-                    print(format_breakdown(step_breakdown(config, chain_shards=shards, calls=args.calls,
-                                                          steps_per_call=args.steps_per_call)))
-                return 0
-            rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls,
-                                 chain_shards=args.chain_shards, precisions=args.precision)
-            print(format_benchmark(rows, matmul_gflops()))
-            print(f"(median of {args.calls} calls of {args.steps_per_call} steps each, after a warm-up call; "
-                  "XLA step in the in-graph loop, as the training command runs it)")
-        else:
-            from vcd_helpers.runs import evaluate_run, evaluate_run_ais
-
-            if args.ais:
-                record = evaluate_run_ais(args.results, num_examples=args.examples or 100,
-                                          num_temperatures=args.temperatures, num_chains=args.chains)
-            else:
-                record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
-                                      num_examples=args.examples)
-            print(json.dumps(record, indent=2))
+            return _train(args, argv)
+        if args.command == "bench":
+            return _bench(args)
+        return _evaluate(args)
     except FloatingPointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
@@ -304,4 +319,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
-    return 0

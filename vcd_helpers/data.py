@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES
 from vcd_helpers.files import npy_bytes, write_atomic
-from vcd_helpers.seeds import as_seed
+from vcd_helpers.seeds import as_seed, fold_in
 from vcd_helpers.timing import Stopwatch, time_calls
 
 log = logging.getLogger(__name__)
@@ -396,7 +396,7 @@ def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_ste
     def epoch_order(epoch: tf.Tensor) -> tf.data.Dataset:
         order = tf.range(num_examples, dtype=tf.int32)
         if shuffle:
-            epoch_seed = tf.random.experimental.stateless_fold_in(base_seed, tf.cast(epoch, tf.int32))
+            epoch_seed = fold_in(base_seed, tf.cast(epoch, tf.int32))
             order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed)
         batches = tf.reshape(order[: steps_per_epoch * batch_size], [steps_per_epoch, batch_size])
         return tf.data.Dataset.from_tensor_slices(batches)

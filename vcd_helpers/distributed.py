@@ -27,6 +27,7 @@ import tensorflow as tf
 from vcd_helpers.config import STRATEGIES, Config, check_positive_int
 from vcd_helpers.devices import split_physical_device
 from vcd_helpers.model import VAE
+from vcd_helpers.seeds import fold_in
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
 WORKER_TIMEOUT_ENV = "VCD_WORKER_TIMEOUT"
@@ -189,7 +190,7 @@ class ReplicatedVCDTrainer(VCDTrainer):
         rows = tf.shape(x)[0] // self.num_replicas
         begin = replica * rows
         return self.estimate_gradients(x[begin:begin + rows], baseline[begin:begin + rows],
-                                       tf.random.experimental.stateless_fold_in(seed, replica))
+                                       fold_in(seed, replica))
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """The estimate summed over the replicas (cross-replica context); changes no state."""

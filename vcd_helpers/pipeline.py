@@ -44,6 +44,7 @@ from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.hmc import HMCResult
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, matmul_precision, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
+from vcd_helpers.seeds import fold_in
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
 SCHEDULES = ("sequential", "grouped", "interleaved")
@@ -368,7 +369,7 @@ class PipelinedVCDTrainer(VCDTrainer):
             m = task.micro_batch
             x_m = x[m * b:(m + 1) * b]
             noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
-                tf.random.experimental.stateless_fold_in(seed, m), 2))
+                fold_in(seed, m), 2))
             chain = done.get(Task("F", 1, m))
             if task.kind == "F":
                 return (self.encoder_forward(x_m, noise_seed) if task.stage == 0 else

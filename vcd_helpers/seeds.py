@@ -11,6 +11,9 @@ import tensorflow as tf
 
 SeedLike = int | tf.Tensor
 
+#: Each method's training steps draw from their own stream of the run's seed: [seed, stream].
+TRAINING_STREAMS = {"vae": 1, "vcd": 2}
+
 
 def as_seed(seed: SeedLike) -> tf.Tensor:
     """A stateless seed, shape [2], int32, from an int or an existing seed tensor."""
@@ -28,5 +31,18 @@ def split_seed(seed: SeedLike, num: int = 2) -> tf.Tensor:
 
 
 def fold_in(seed: SeedLike, data: int | tf.Tensor) -> tf.Tensor:
-    """A seed for the ``data``-th use of ``seed`` (e.g. a step counter): shape [2]."""
-    return tf.random.experimental.stateless_fold_in(as_seed(seed), tf.cast(data, tf.int32))
+    """A seed for the ``data``-th use of ``seed`` (e.g. a step counter): shape [2].
+
+    A Python int ``data`` folds in as int32; a tensor keeps its integer dtype, which the result
+    takes (the trainers fold their int64 step counter into their seed), and a seed tensor is used
+    as it is: the draws are those of ``tf.random.experimental.stateless_fold_in`` on the same
+    tensors, so checkpoints of runs made before this helper resume to the same numbers."""
+    seed = as_seed(seed) if isinstance(seed, int) else tf.convert_to_tensor(seed)
+    data = tf.constant(data, tf.int32) if isinstance(data, int) else tf.convert_to_tensor(data)
+    return tf.random.experimental.stateless_fold_in(seed, data)
+
+
+def training_seed(seed: int, method: str) -> tf.Tensor:
+    """The base seed [2] int32 of ``method``'s training steps in a run seeded ``seed``; step k
+    draws from ``fold_in(training_seed(seed, method), k)``."""
+    return tf.constant([seed, TRAINING_STREAMS[method]], tf.int32)

@@ -24,6 +24,7 @@ from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
 from vcd_helpers.model import VAE, matmul_precision
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
+from vcd_helpers.seeds import fold_in, training_seed
 from vcd_helpers.timing import Stopwatch
 
 
@@ -61,14 +62,14 @@ class VAETrainer(tf.Module):
         self.jit_compile = jit_compile
         self.optimizers = make_optimizers(model.parameter_groups(), config)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.seed = tf.constant([config.seed, 1], tf.int32)
+        self.seed = training_seed(config.seed, "vae")
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
 
     def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
         """index [B] int32 (unused by the VAE), x [B, 784] -> {'loss': mean negative ELBO per example}."""
         del index
         groups = self.model.parameter_groups()
-        seed = tf.random.experimental.stateless_fold_in(self.seed, self.step)
+        seed = fold_in(self.seed, self.step)
         with tf.GradientTape() as tape, matmul_precision(self.config.precision):
             loss = -tf.reduce_sum(elbo(self.model, x, seed))
         gradients = tape.gradient(loss, groups)
@@ -103,7 +104,7 @@ class VCDTrainer(tf.Module):
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.seed = tf.constant([config.seed, 2], tf.int32)
+        self.seed = training_seed(config.seed, "vcd")
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
 
     def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
@@ -151,7 +152,7 @@ class VCDTrainer(tf.Module):
         """This step's control variate b [B] for the rows ``index`` (from before the step's update)
         and its seed [2]."""
         return (self.control_variate.values(index, self.step),
-                tf.random.experimental.stateless_fold_in(self.seed, self.step))
+                fold_in(self.seed, self.step))
 
     def apply_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor,
                        estimate: VCDEstimate) -> dict[str, tf.Tensor]:
@@ -183,7 +184,7 @@ def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor,
     for m in range(batch // micro_batch_size):
         rows = slice(m * micro_batch_size, (m + 1) * micro_batch_size)
         estimates.append(trainer.estimate_gradients(x[rows], baseline[rows],
-                                                    tf.random.experimental.stateless_fold_in(seed, m)))
+                                                    fold_in(seed, m)))
     gradients = {name: [tf.add_n([e.gradients[name][k] for e in estimates]) for k in range(len(grads))]
                  for name, grads in estimates[0].gradients.items()}
     return VCDEstimate(gradients, tf.add_n([e.encoder_loss for e in estimates]),
