@@ -30,12 +30,8 @@ $(ASSETS): book/package.json book/package-lock.json
 	npm ci --prefix book --no-audit --no-fund --silent
 	touch $(ASSETS)
 
-# XLA keeps what it compiles in .xla_cache/ (keyed by the computation), so the many tests and chapters
-# that compile the same small step compile it once per clone; a clean checkout starts with none.
-XLA_CACHE := --tf_xla_persistent_cache_directory=$(CURDIR)/.xla_cache
-
 test: setup $(ASSETS)
-	TF_XLA_FLAGS="$${TF_XLA_FLAGS:-} $(XLA_CACHE)" VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 # Executed notebooks are cached in _build/.jupyter_cache: a rebuild after a text edit re-runs nothing.
 # -W turns any warning, including a notebook that failed to execute, into a failed build.
@@ -48,4 +44,4 @@ notebooks: setup
 	$(BIN)/python tools/execute_notebooks.py notebooks/*.ipynb
 
 clean:
-	rm -rf _build book/node_modules .xla_cache
+	rm -rf _build book/node_modules
