@@ -185,3 +185,17 @@ def test_indexed_batches_drop_the_remainder_and_resume_exactly():
 def test_indexed_batches_reject_bad_batch_size():
     with pytest.raises(ValueError, match=r"batch_size=0 is invalid: must be an integer in \[1, 10\]"):
         data.indexed_batches(np.zeros((10, 784), np.uint8), 0, seed=0)
+
+
+@pytest.mark.parametrize("step", [0, 1, 9, 10, 23, 25])
+def test_last_visits_are_the_steps_whose_batches_held_each_example(step):
+    images = np.zeros((105, 784), dtype=np.uint8)  # 10 steps an epoch, 5 examples dropped from each
+    expected = np.full([105], -1)
+    for s, (index, _) in enumerate(data.indexed_batches(images, 10, seed=7).take(step)):
+        expected[index.numpy()] = s
+    np.testing.assert_array_equal(data.last_visits(105, 10, seed=7, step=step), expected)
+
+
+def test_last_visits_reject_a_negative_step():
+    with pytest.raises(ValueError, match=r"step=-1 is invalid: must be an integer >= 0"):
+        data.last_visits(105, 10, seed=7, step=-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import pytest
 
 from vcd_helpers.cli import _parser, main, resolve_config
 from vcd_helpers.config import load_config
-from vcd_helpers.runs import RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches, train_run
+from vcd_helpers.runs import (RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches,
+                              restore_chain_state, train_run)
 
 # The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
 # (local control variates across the scheduled switch, adapted step size, optimiser slots, data
@@ -95,6 +97,26 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path)
     assert (tmp_path / "run" / "evaluation-hmc_moments-S50-N20.json").exists()
     # A finished run is not trained again: the same command returns the stored results.
     assert train_run(config, tmp_path / "run", progress=False) == results
+
+
+def test_the_chain_state_is_restored_from_the_final_weights_or_the_last_checkpoint(tmp_path):
+    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
+    results = train_run(config, tmp_path / "run", progress=False)
+    final = restore_chain_state(tmp_path / "run")
+    assert final.step == 20 and final.control_variate.kind == "scheduled"
+    np.testing.assert_array_equal(final.control_variate.local_values.numpy(),
+                                  np.load(tmp_path / "run" / "local_baseline.npy"))
+    # The step size the last step adapted to: within the last window's mean of them.
+    assert final.step_size > 0 and final.step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
+    shutil.rmtree(tmp_path / "run" / "model")  # as during training: from the newest checkpoint
+    latest = restore_chain_state(tmp_path / "run")
+    assert (latest.step, latest.step_size) == (final.step, final.step_size)
+    np.testing.assert_array_equal(latest.control_variate.local_values.numpy(),
+                                  final.control_variate.local_values.numpy())
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "config.json").write_text(config.replace(method="vae").to_json())
+    with pytest.raises(ValueError, match="method='vae': only VCD runs have a chain state"):
+        restore_chain_state(tmp_path / "vae")
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -38,7 +38,7 @@ from typing import Iterable
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES
+from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES, check_positive_int
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.seeds import as_seed, fold_in
 from vcd_helpers.timing import Stopwatch, time_calls
@@ -371,6 +371,44 @@ def load_mnist_labels(split: str) -> np.ndarray:
 
 # ------------------------------------------------------------------------------ pipelines
 
+def epoch_order(num_examples: int, batch_size: int, seed: tf.Tensor | int, epoch: tf.Tensor | int,
+                shuffle: bool = True) -> tf.Tensor:
+    """The rows of the training set in epoch ``epoch``'s batches: [num_examples // batch_size,
+    batch_size] int32. A fresh permutation drawn statelessly from ``(seed, epoch)``; the remainder
+    of ``num_examples`` after the full batches is dropped."""
+    order = tf.range(num_examples, dtype=tf.int32)
+    if shuffle:
+        order = tf.random.experimental.stateless_shuffle(order, seed=fold_in(as_seed(seed), tf.cast(epoch, tf.int32)))
+    steps_per_epoch = num_examples // batch_size
+    return tf.reshape(order[: steps_per_epoch * batch_size], [steps_per_epoch, batch_size])
+
+
+def last_visits(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """For each training example, the last step before ``step`` whose batch held it, as
+    ``indexed_batches(..., seed)`` orders them; -1 for an example no step before ``step`` held.
+    Shape [num_examples], int64.
+
+    A local control variate is refreshed exactly at these steps, so ``step - last_visits(...)``
+    is how many steps old each example's baseline is when step ``step`` reads it.
+    """
+    check_positive_int("batch_size", batch_size)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step={step!r} is invalid: must be an integer >= 0")
+    steps_per_epoch = num_examples // batch_size
+    last = np.full([num_examples], -1, np.int64)
+    # The epochs before ``step``, newest first: an example's newest visit is the one to keep.
+    for epoch in range((step - 1) // steps_per_epoch, -1, -1) if step else ():
+        batches = epoch_order(num_examples, batch_size, seed, epoch).numpy()
+        visited = min(steps_per_epoch, step - epoch * steps_per_epoch)
+        for position in range(visited - 1, -1, -1):
+            rows = batches[position]
+            unseen = rows[last[rows] < 0]
+            last[unseen] = epoch * steps_per_epoch + position
+        if np.all(last >= 0):
+            break
+    return last
+
+
 def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_step: int = 0,
                     shuffle: bool = True) -> tf.data.Dataset:
     """An endless dataset of ``(index, image)`` batches for training.
@@ -393,19 +431,14 @@ def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_ste
     base_seed = as_seed(seed)
     pixels = tf.constant(images, dtype=tf.uint8)
 
-    def epoch_order(epoch: tf.Tensor) -> tf.data.Dataset:
-        order = tf.range(num_examples, dtype=tf.int32)
-        if shuffle:
-            epoch_seed = fold_in(base_seed, tf.cast(epoch, tf.int32))
-            order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed)
-        batches = tf.reshape(order[: steps_per_epoch * batch_size], [steps_per_epoch, batch_size])
-        return tf.data.Dataset.from_tensor_slices(batches)
+    def epoch_batches(epoch: tf.Tensor) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(epoch_order(num_examples, batch_size, base_seed, epoch, shuffle))
 
     def with_images(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return index, tf.cast(tf.gather(pixels, index), tf.float32)
 
     return (tf.data.Dataset.range(first_epoch, 2**62)
-            .flat_map(epoch_order)
+            .flat_map(epoch_batches)
             .skip(skip)
             .map(with_images, num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))

@@ -10,7 +10,8 @@ Layout of a results directory ``DIR``:
                          seconds so far and the test log-likelihood on a fixed subset
     DIR/launches.jsonl   one line per process that trained the run: time, start step, code commit, CPU
     DIR/resume_checks.jsonl  per resume: the rows written again against the ones they replaced
-    DIR/model/           the final weights alone (``restore_model`` loads them), a few MB
+    DIR/model/           the final weights (``restore_model`` loads them), a few MB, with, for VCD,
+                         the chain's adapted step size and the control variate (``restore_chain_state``)
     DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
     DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
     DIR/local_baseline.npy  the final local control variate (local and scheduled kinds), [50,000]
@@ -44,12 +45,13 @@ import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
+from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import code_version, compute_threads, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import strategy_name
@@ -515,7 +517,7 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
 def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: float, *, command: str,
             steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
     """Save the final model (and local baseline), evaluate it, and write results.json."""
-    tf.train.Checkpoint(model=trainer.model).write(str(run.model_prefix))
+    tf.train.Checkpoint(model=trainer.model, **_chain_state_objects(trainer)).write(str(run.model_prefix))
     local_baseline = getattr(getattr(trainer, "control_variate", None), "local_values", None)
     if local_baseline is not None:  # one value per training image: how stale each one is, in chapter 7
         write_atomic(run.path / LOCAL_BASELINE_FILE, npy_bytes(local_baseline.numpy()))
@@ -676,24 +678,71 @@ def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
-    """The model of a results directory, alone: its final weights (``model/``) when the run
-    finished, else its latest checkpoint. Returns (model, config, step)."""
-    run = RunDirectory(Path(results_dir))
-    config = run.stored_config()
-    if config is None:
-        raise RunDirectoryError(f"{run.path} holds no {CONFIG_FILE}: not a results directory")
-    model = VAE(config.model, seed=config.seed)
+def _chain_state_objects(trainer: Any) -> dict[str, tf.Module | tf.Variable]:
+    """What a VCD trainer carries from step to step around its chain (nothing for the VAE)."""
+    return ({"step_size": trainer.step_size, "control_variate": trainer.control_variate}
+            if hasattr(trainer, "control_variate") else {})
+
+
+def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.Variable]) -> int | None:
+    """Read ``objects`` (named as the trainer names them) from the final weights when the run
+    finished, else from its newest checkpoint; returns the step of the latest checkpoint, or None
+    for the final weights."""
     if run.model_prefix.with_suffix(".index").exists():
-        tf.train.Checkpoint(model=model).read(str(run.model_prefix)).assert_existing_objects_matched()
-        return model, config, config.num_steps
+        status = tf.train.Checkpoint(**objects).read(str(run.model_prefix))
+        try:  # the file may hold more (the chain's state) than the objects asked for
+            status.assert_existing_objects_matched().expect_partial()
+        except AssertionError as error:
+            raise RunDirectoryError(f"{run.model_prefix} lacks {', '.join(objects)}: it was written before the "
+                                    f"final weights carried the chain's state ({error})") from None
+        return None
     latest = tf.train.latest_checkpoint(run.checkpoint_dir)
     if latest is None:
         raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
     step = tf.Variable(0, dtype=tf.int64)
-    # The trainer's model and step counter only, matched by name: no optimiser or control variate is built.
-    tf.train.Checkpoint(trainer=tf.train.Checkpoint(model=model, step=step)).restore(latest).expect_partial()
-    return model, config, int(step.numpy())
+    # Matched by name inside the trainer: nothing else (optimiser slots) is built or read.
+    tf.train.Checkpoint(trainer=tf.train.Checkpoint(step=step, **objects)).restore(latest).expect_partial()
+    return int(step.numpy())
+
+
+def _stored_config(run: RunDirectory) -> Config:
+    config = run.stored_config()
+    if config is None:
+        raise RunDirectoryError(f"{run.path} holds no {CONFIG_FILE}: not a results directory")
+    return config
+
+
+def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
+    """The model of a results directory, alone: its final weights (``model/``) when the run
+    finished, else its latest checkpoint. Returns (model, config, step)."""
+    run = RunDirectory(Path(results_dir))
+    config = _stored_config(run)
+    model = VAE(config.model, seed=config.seed)
+    step = _read_final_or_latest(run, {"model": model})
+    return model, config, config.num_steps if step is None else step
+
+
+class ChainState(NamedTuple):
+    """What a VCD run carries from step to step besides its weights and optimiser slots."""
+
+    step_size: float  # the chain's adapted leapfrog step size
+    control_variate: ControlVariate  # the baselines, as the next step would read them
+    step: int  # the step they belong to (the next step's index)
+
+
+def restore_chain_state(results_dir: str | os.PathLike) -> ChainState:
+    """A VCD run's chain step size and control variate, from the same weights file or checkpoint
+    as ``restore_model``, so that the two belong to the same step.
+
+    Raises ValueError for a VAE run, RunDirectoryError when the directory holds no state."""
+    run = RunDirectory(Path(results_dir))
+    config = _stored_config(run)
+    if config.method != "vcd":
+        raise ValueError(f"{run.path} is a run of method={config.method!r}: only VCD runs have a chain state")
+    step_size = tf.Variable(0.0, trainable=False)
+    control_variate = ControlVariate(config.control_variate, config.train_examples)
+    step = _read_final_or_latest(run, {"step_size": step_size, "control_variate": control_variate})
+    return ChainState(float(step_size.numpy()), control_variate, config.num_steps if step is None else step)
 
 
 def evaluation_file_name(evaluation: EvaluationConfig) -> str:
