@@ -199,3 +199,14 @@ def test_last_visits_are_the_steps_whose_batches_held_each_example(step):
 def test_last_visits_reject_a_negative_step():
     with pytest.raises(ValueError, match=r"step=-1 is invalid: must be an integer >= 0"):
         data.last_visits(105, 10, seed=7, step=-1)
+
+
+def test_read_ages_count_the_steps_since_each_read_example_was_last_drawn():
+    images = np.zeros((105, 784), dtype=np.uint8)
+    stream = [i.numpy() for i, _ in data.indexed_batches(images, 10, seed=7).take(30)]
+    ages = data.read_ages(105, 10, seed=7, start_step=8, num_steps=22)
+    for k, rows in enumerate(stream[8:]):
+        step = 8 + k
+        for row, age in zip(rows, ages[k]):
+            before = [s for s in range(step) if row in stream[s]]
+            assert age == (step - before[-1] if before else -1)

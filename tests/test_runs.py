@@ -18,7 +18,7 @@ import pytest
 from vcd_helpers.cli import _parser, main, resolve_config
 from vcd_helpers.config import load_config
 from vcd_helpers.runs import (RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches,
-                              restore_chain_state, train_run)
+                              restore_trainer, train_run)
 
 # The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
 # (local control variates across the scheduled switch, adapted step size, optimiser slots, data
@@ -99,24 +99,26 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path)
     assert train_run(config, tmp_path / "run", progress=False) == results
 
 
-def test_the_chain_state_is_restored_from_the_final_weights_or_the_last_checkpoint(tmp_path):
+def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(tmp_path):
     config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
     results = train_run(config, tmp_path / "run", progress=False)
-    final = restore_chain_state(tmp_path / "run")
-    assert final.step == 20 and final.control_variate.kind == "scheduled"
+    final = restore_trainer(tmp_path / "run")
+    assert int(final.step.numpy()) == 20 and final.control_variate.kind == "scheduled"
     np.testing.assert_array_equal(final.control_variate.local_values.numpy(),
                                   np.load(tmp_path / "run" / "local_baseline.npy"))
-    # The step size the last step adapted to: within the last window's mean of them.
-    assert final.step_size > 0 and final.step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
+    # The step size the last step adapted to: near the last logging window's mean of them.
+    step_size = float(final.step_size.numpy())
+    assert step_size != config.hmc.initial_step_size
+    assert step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
     shutil.rmtree(tmp_path / "run" / "model")  # as during training: from the newest checkpoint
-    latest = restore_chain_state(tmp_path / "run")
-    assert (latest.step, latest.step_size) == (final.step, final.step_size)
-    np.testing.assert_array_equal(latest.control_variate.local_values.numpy(),
-                                  final.control_variate.local_values.numpy())
-    (tmp_path / "vae").mkdir()
-    (tmp_path / "vae" / "config.json").write_text(config.replace(method="vae").to_json())
-    with pytest.raises(ValueError, match="method='vae': only VCD runs have a chain state"):
-        restore_chain_state(tmp_path / "vae")
+    latest = restore_trainer(tmp_path / "run")
+    assert int(latest.step.numpy()) == 20 and float(latest.step_size.numpy()) == step_size
+    for a, b in zip(latest.model.variables + latest.control_variate.variables,
+                    final.model.variables + final.control_variate.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    with pytest.raises(RunDirectoryError, match="has no checkpoint yet"):
+        restore_trainer(tmp_path / "run")
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -409,6 +409,24 @@ def last_visits(num_examples: int, batch_size: int, seed: int, step: int) -> np.
     return last
 
 
+def read_ages(num_examples: int, batch_size: int, seed: int, start_step: int, num_steps: int) -> np.ndarray:
+    """How old each local baseline is when a step reads it: [num_steps, batch_size] int64, row k
+    for step ``start_step + k`` in ``indexed_batches(..., seed)``'s order, each entry the steps
+    since its example's last batch (-1 for an example not drawn before)."""
+    check_positive_int("num_steps", num_steps)
+    last = last_visits(num_examples, batch_size, seed, start_step)
+    steps_per_epoch = num_examples // batch_size
+    ages = np.empty([num_steps, batch_size], np.int64)
+    for step in range(start_step, start_step + num_steps):
+        epoch, position = divmod(step, steps_per_epoch)
+        if position == 0 or step == start_step:
+            batches = epoch_order(num_examples, batch_size, seed, epoch).numpy()
+        rows = batches[position]
+        ages[step - start_step] = np.where(last[rows] >= 0, step - last[rows], -1)
+        last[rows] = step
+    return ages
+
+
 def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_step: int = 0,
                     shuffle: bool = True) -> tf.data.Dataset:
     """An endless dataset of ``(index, image)`` batches for training.

@@ -11,7 +11,7 @@ Layout of a results directory ``DIR``:
     DIR/launches.jsonl   one line per process that trained the run: time, start step, code commit, CPU
     DIR/resume_checks.jsonl  per resume: the rows written again against the ones they replaced
     DIR/model/           the final weights (``restore_model`` loads them), a few MB, with, for VCD,
-                         the chain's adapted step size and the control variate (``restore_chain_state``)
+                         the chain's adapted step size and the control variate (``restore_trainer``)
     DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
     DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
     DIR/local_baseline.npy  the final local control variate (local and scheduled kinds), [50,000]
@@ -45,13 +45,12 @@ import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
-from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import code_version, compute_threads, cpu_model, device_summary, package_versions
 from vcd_helpers.distributed import strategy_name
@@ -722,27 +721,19 @@ def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
     return model, config, config.num_steps if step is None else step
 
 
-class ChainState(NamedTuple):
-    """What a VCD run carries from step to step besides its weights and optimiser slots."""
+def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None = None) -> Trainer:
+    """A trainer (``build_trainer``) at a run's final state, or its newest checkpoint's while it
+    trains, to measure the estimator there: the model and, for VCD, the chain's adapted step size
+    and the control variate as the next step would read them; ``step`` is that step.
 
-    step_size: float  # the chain's adapted leapfrog step size
-    control_variate: ControlVariate  # the baselines, as the next step would read them
-    step: int  # the step they belong to (the next step's index)
-
-
-def restore_chain_state(results_dir: str | os.PathLike) -> ChainState:
-    """A VCD run's chain step size and control variate, from the same weights file or checkpoint
-    as ``restore_model``, so that the two belong to the same step.
-
-    Raises ValueError for a VAE run, RunDirectoryError when the directory holds no state."""
+    The optimisers' slots are not restored (the final weights do not keep them): to train on,
+    run the training command on the directory. Raises RunDirectoryError when it holds no state."""
     run = RunDirectory(Path(results_dir))
     config = _stored_config(run)
-    if config.method != "vcd":
-        raise ValueError(f"{run.path} is a run of method={config.method!r}: only VCD runs have a chain state")
-    step_size = tf.Variable(0.0, trainable=False)
-    control_variate = ControlVariate(config.control_variate, config.train_examples)
-    step = _read_final_or_latest(run, {"step_size": step_size, "control_variate": control_variate})
-    return ChainState(float(step_size.numpy()), control_variate, config.num_steps if step is None else step)
+    trainer = build_trainer(config, jit_compile=jit_compile)
+    step = _read_final_or_latest(run, {"model": trainer.model, **_chain_state_objects(trainer)})
+    trainer.step.assign(config.num_steps if step is None else step)
+    return trainer
 
 
 def evaluation_file_name(evaluation: EvaluationConfig) -> str:
