@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from vcd_helpers.cli import _parser, resolve_config
+from vcd_helpers.experiments import PLAN
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
@@ -24,9 +25,9 @@ def _config(run):
 
 
 def test_the_plan_is_the_issue_list_of_valid_runs():
-    configs = {run.name: _config(run) for run in runner.PLAN}
-    assert len(configs) == len(runner.PLAN) == 21
-    headline = [run.name for run in runner.PLAN if run.headline]
+    configs = {run.name: _config(run) for run in PLAN}
+    assert len(configs) == len(PLAN) == 21
+    headline = [run.name for run in PLAN if run.headline]
     assert headline == ["vcd_scheduled_e800_s0", "vae_e800_s0", "vcd_global_e800_s0"]  # runs 1-3, first
     for name in headline:
         assert configs[name].num_steps == 400_000 and configs[name].evaluation.num_examples is None
@@ -46,8 +47,8 @@ def test_the_plan_is_the_issue_list_of_valid_runs():
 
 def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
     status = runner.status(tmp_path)
-    assert status.count("pending") == len(runner.PLAN)
-    run = runner.PLAN[0]
+    assert status.count("pending") == len(PLAN)
+    run = PLAN[0]
     directory = tmp_path / "runs" / run.name
     (directory / "model").mkdir(parents=True)
     (directory / "config.json").write_text(_config(run).to_json())

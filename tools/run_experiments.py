@@ -4,7 +4,7 @@
     .venv/bin/python tools/run_experiments.py --status    # each run's progress, speed, expected finish
     .venv/bin/python tools/run_experiments.py --collect   # copy finished runs' small files into results/
 
-Every run is one ``python -m vcd_helpers train`` command (its options are in PLAN below) writing
+Every run is one ``python -m vcd_helpers train`` command (its options are in ``vcd_helpers.experiments.PLAN``) writing
 into RUNS/runs/NAME, outside the repository (RUNS: ``--runs-dir``, ``$VCD_RUNS_DIR`` or
 ``~/vcd-runs``); runs 1-3 are then evaluated with the two other proposals (``python -m
 vcd_helpers evaluate``). Started again after any stop (even ``kill -9`` of everything), the runner
@@ -34,64 +34,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vcd_helpers.config import PROPOSALS, Config  # noqa: E402  (the work tree's package: the plan and paths)
+from vcd_helpers.config import Config  # noqa: E402  (the work tree's package: the plan and paths)
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
+from vcd_helpers.experiments import PLAN, Run  # noqa: E402
 from vcd_helpers.runs import COMMITTED_RESULTS as RESULTS, RunDirectory, evaluation_file_name  # noqa: E402
 
-CURVE = ("--curve-every-epochs", "25")
 SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
                "per_example_log_likelihood.npy", "local_baseline.npy", "resume_checks.jsonl")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One planned run: its name (directory), the train command's options, and whether it also
-    gets the other two proposals' evaluations and commits its final weights (runs 1-3)."""
-
-    name: str
-    options: tuple[str, ...]
-    headline: bool = False
-
-    @property
-    def extra_proposals(self) -> tuple[str, ...]:
-        return tuple(p for p in PROPOSALS if p != "hmc_moments") if self.headline else ()
-
-
-def _plan() -> list[Run]:
-    runs = [
-        # 1-3: the paper's length, 800 epochs (400,000 steps at batch 100).
-        Run("vcd_scheduled_e800_s0", ("--config", "default", "--epochs", "800", *CURVE), headline=True),
-        Run("vae_e800_s0", ("--config", "default", "--method", "vae", "--epochs", "800", *CURVE), headline=True),
-        Run("vcd_global_e800_s0", ("--config", "global_cv", "--epochs", "800", *CURVE), headline=True),
-    ]
-    # 4: 100 epochs, three seeds, for error bars and paired per-image differences.
-    kinds = {"vcd_scheduled": ("--config", "default"), "vcd_global": ("--config", "global_cv"),
-             "vcd_local": ("--config", "default", "--control-variate", "local"),
-             "vae": ("--config", "default", "--method", "vae")}
-    for seed in (0, 1, 2):
-        runs += [Run(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
-                 for kind, options in kinds.items()]
-        if seed == 0:
-            # bfloat16 multiplies against vcd_scheduled_e100_s0 (float32), which runs beside it:
-            # acceptance, step size and log-likelihood of the same run but for the multiplies.
-            runs.insert(-3, Run("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed",
-                                                               "0", "--precision", "bfloat16", *CURVE)))
-    # 5: the blog's batch-size study at 100 epochs (global baseline, tuned learning rates), its
-    # decay timescale (307 epochs in 8,200) scaled to the length: 30 epochs x 100 / 800.
-    runs += [Run(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",
-                                 "--lr-decay-epochs", "3.75", *CURVE))
-             for b in (16, 100, 128, 512, 1024)]
-    return runs
-
-
-PLAN = _plan()
 
 
 def runs_dir(arg: str | None) -> Path:
