@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from vcd_helpers.cli import _parser, main, resolve_config
-from vcd_helpers.config import load_config
+from vcd_helpers.config import Config, load_config
 from vcd_helpers.runs import (RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches,
                               restore_trainer, train_run)
 
@@ -88,37 +88,50 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
     assert "--config" in b["command"] and a["command"] == "" and b["versions"]["tensorflow"] and b["device"]["cpu_count"]
 
 
-def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, Config, dict]:
+    """One finished 20-step run, trained once for the tests that read it; a test that changes
+    the directory works on its own copy (``_copy``)."""
     config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
-    results = train_run(config, tmp_path / "run", progress=False)
-    recomputed = evaluate_run(tmp_path / "run")
+    path = tmp_path_factory.mktemp("finished") / "run"
+    return path, config, train_run(config, path, progress=False)
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(finished_run, tmp_path):
+    original, config, results = finished_run
+    run = _copy(original, tmp_path)
+    recomputed = evaluate_run(run)
     assert recomputed["checkpoint_step"] == 20
     assert recomputed["mean"] == pytest.approx(results["test_log_likelihood"]["mean"], abs=1e-4)
-    assert (tmp_path / "run" / "evaluation-hmc_moments-S50-N20.json").exists()
+    assert (run / "evaluation-hmc_moments-S50-N20.json").exists()
     # A finished run is not trained again: the same command returns the stored results.
-    assert train_run(config, tmp_path / "run", progress=False) == results
+    assert train_run(config, run, progress=False) == results
 
 
-def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(tmp_path):
-    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
-    results = train_run(config, tmp_path / "run", progress=False)
-    final = restore_trainer(tmp_path / "run")
+def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(finished_run, tmp_path):
+    original, config, results = finished_run
+    run = _copy(original, tmp_path)
+    final = restore_trainer(run)
     assert int(final.step.numpy()) == 20 and final.control_variate.kind == "scheduled"
     np.testing.assert_array_equal(final.control_variate.local_values.numpy(),
-                                  np.load(tmp_path / "run" / "local_baseline.npy"))
+                                  np.load(run / "local_baseline.npy"))
     # The step size the last step adapted to: near the last logging window's mean of them.
     step_size = float(final.step_size.numpy())
     assert step_size != config.hmc.initial_step_size
     assert step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
-    shutil.rmtree(tmp_path / "run" / "model")  # as during training: from the newest checkpoint
-    latest = restore_trainer(tmp_path / "run")
+    shutil.rmtree(run / "model")  # as during training: from the newest checkpoint
+    latest = restore_trainer(run)
     assert int(latest.step.numpy()) == 20 and float(latest.step_size.numpy()) == step_size
     for a, b in zip(latest.model.variables + latest.control_variate.variables,
                     final.model.variables + final.control_variate.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    shutil.rmtree(run / "checkpoints")
     with pytest.raises(RunDirectoryError, match="has no checkpoint yet"):
-        restore_trainer(tmp_path / "run")
+        restore_trainer(run)
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -205,13 +218,13 @@ def test_resume_without_config_uses_the_stored_one(tmp_path):
     assert np.isclose(resolved.optimizer.learning_rate, 5e-4)
 
 
-def test_evaluate_with_ais_checks_the_importance_sampled_number(tmp_path, capsys):
-    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
-    results = train_run(config, tmp_path / "run", progress=False, jit_compile=False)
-    assert main(["evaluate", str(tmp_path / "run"), "--ais", "--examples", "20", "--temperatures", "50",
+def test_evaluate_with_ais_checks_the_importance_sampled_number(finished_run, tmp_path, capsys):
+    original, _, results = finished_run
+    run = _copy(original, tmp_path)
+    assert main(["evaluate", str(run), "--ais", "--examples", "20", "--temperatures", "50",
                  "--chains", "4"]) == 0
-    record = json.loads((tmp_path / "run" / "evaluation-ais-T50-K4-N20.json").read_text())
+    record = json.loads((run / "evaluation-ais-T50-K4-N20.json").read_text())
     assert record["method"] == "ais" and record["num_examples"] == 20
-    assert np.load(tmp_path / "run" / "evaluation-ais-T50-K4-N20.npy").shape == (20,)
+    assert np.load(run / "evaluation-ais-T50-K4-N20.npy").shape == (20,)
     # Two estimators of one log p(x) on the same 20 images: close, though both are rough here.
     assert abs(record["mean"] - results["test_log_likelihood"]["mean"]) < 0.1 * abs(record["mean"])
