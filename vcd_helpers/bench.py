@@ -15,6 +15,7 @@ test depends on how fast a machine is.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -95,32 +96,36 @@ def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int =
 
 def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int = 0,
               chain_shards: int | None = None) -> tuple[Callable[[], Any], int]:
-    """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module)
-    on a fresh trainer, taking batches from its own endless pipeline. ``steps_per_call`` applies to
-    the ``loop`` styles (the others run one step per call); ``chain_shards``, to VCD's trainer
-    (``trainers.build_trainer``). The first call traces and compiles;
-    keep the pair to time the same step again without compiling it again."""
+    """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module),
+    taking batches from an endless pipeline. ``steps_per_call`` applies to the ``loop`` styles (the
+    others run one step per call); ``chain_shards``, to VCD's trainer (``trainers.build_trainer``;
+    None: one block per compute thread). The first call traces and compiles. The trainer and its
+    compiled step are built once per (config, style, seed, chain_shards) in this process
+    (``_built_step``) and shared by every later call, whatever its ``steps_per_call`` (k is a
+    tensor of the loop): timing the same step again never compiles it again, and the weights
+    carry on training from where the last timing left them."""
     if style not in STYLES:
         raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
+    if config.method == "vcd" and chain_shards is None:
+        chain_shards = compute_threads()
     k = steps_per_call if style in ("loop", "xla_loop") else 1
+    step = _built_step(config, style, seed, chain_shards)
+    steps = tf.constant(k)
+    return (lambda: step(steps)), k
+
+
+@functools.cache
+def _built_step(config: Config, style: str, seed: int, chain_shards: int | None) -> Callable[[tf.Tensor], Any]:
+    """``step(k)`` runs k steps of a trainer built for these arguments (k must be 1 outside the
+    ``loop`` styles); cached, so that each is traced and compiled once per process."""
     trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"), chain_shards=chain_shards)
     images = load_binarized_mnist("train")[: config.train_examples]
     iterator = iter(indexed_batches(images, config.batch_size, seed))
-    if style == "eager":
-        def call():
-            index, x = next(iterator)
-            return trainer._train_step(index, x)
-    elif style in ("function", "xla"):
-        def call():
-            index, x = next(iterator)
-            return trainer.train_step(index, x)
-    else:
+    if style in ("loop", "xla_loop"):
         loop = make_training_loop(trainer)
-        steps = tf.constant(k)
-
-        def call():
-            return loop(iterator, steps)
-    return call, k
+        return lambda steps: loop(iterator, steps)
+    step = trainer._train_step if style == "eager" else trainer.train_step
+    return lambda steps: step(*next(iterator))
 
 
 def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, calls: int = 5,

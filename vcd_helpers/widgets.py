@@ -52,8 +52,9 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
                             steps_per_call: tuple[int, ...] = (1, 10, 100), calls: int = 5) -> widgets.Widget:
     """Sliders for the batch size and the steps per call; each change times the XLA training
     step in the in-graph loop (``bench.step_call``, the median of ``calls`` timed calls) and prints
-    ms/step, examples/s and GFLOP/s. Each (batch size, steps per call) is compiled the first time
-    it is chosen, which takes seconds (a line says so meanwhile), and kept: going back is quick."""
+    ms/step, examples/s and GFLOP/s. Each batch size is compiled the first time it is chosen, which
+    takes seconds (a line says so meanwhile), and kept by ``step_call`` for every steps per call:
+    going back is quick."""
     batch = widgets.SelectionSlider(options=list(batch_sizes), value=config.batch_size if config.batch_size in
                                     batch_sizes else batch_sizes[0], description="batch size", continuous_update=False, style=LABEL_STYLE)
     per_call = widgets.SelectionSlider(options=list(steps_per_call), value=steps_per_call[0],
@@ -68,7 +69,8 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
         with output:
             output.clear_output(wait=True)
             if key not in compiled:
-                print(f"compiling the step for batch {batch.value}, {per_call.value} steps per call ...", flush=True)
+                if batch.value not in shape_rates:
+                    print(f"compiling the step for batch {batch.value} ...", flush=True)
                 compiled[key] = step_call(sized, "xla_loop", steps_per_call=per_call.value)
                 shape_rates[batch.value] = shape_rates.get(batch.value) or decoder_layer_gflops(sized)
             call, k = compiled[key]
