@@ -32,6 +32,16 @@ def batch():
     return config, index, x
 
 
+@pytest.fixture(scope="module")
+def plain_sum(batch):
+    """The reference the pipelined estimates are held to: the plain estimator summed over three
+    micro-batches of 8 (``accumulate_gradients``), with its baseline and seed; computed once."""
+    config, _, x = batch
+    baseline, seed = 100.0 * tf.random.stateless_normal([24], seed=[3, 3]), tf.constant([5, 6])
+    plain = build_trainer(config, jit_compile=False)
+    return baseline, seed, tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+
+
 def test_interleaved_order_is_one_forward_one_backward():
     orders = pipeline.device_orders("interleaved", 3, 4)
     assert [t.label for t in orders[0]] == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
@@ -103,12 +113,10 @@ def test_batch_sizes_multiply():
 
 @pytest.mark.parametrize("schedule, recompute", [("sequential", False), ("grouped", False), ("interleaved", False),
                                                 ("interleaved", True)])
-def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches(batch, schedule, recompute):
+def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches(batch, plain_sum, schedule,
+                                                                                recompute):
     config, _, x = batch
-    baseline = 100.0 * tf.random.stateless_normal([24], seed=[3, 3])
-    seed = tf.constant([5, 6])
-    plain = build_trainer(config, jit_compile=False)
-    expected = tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+    baseline, seed, expected = plain_sum
     trainer = build_trainer(config, jit_compile=False, execution=PipelineConfig(
         schedule=schedule, micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES,
         recompute_encoder=recompute))
@@ -121,13 +129,12 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
     assert times.shape == (18, 2) and np.all(times[:, 1] >= times[:, 0])
 
 
-def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch):
+def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch, plain_sum):
     config, _, x = batch
-    baseline, seed = 100.0 * tf.random.stateless_normal([24], seed=[3, 3]), tf.constant([5, 6])
-    estimates = {}
-    for precision in ("float32", "bfloat16"):
-        plain = build_trainer(config.replace(precision=precision), jit_compile=False)
-        estimates[precision] = tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
+    baseline, seed, float32_sum = plain_sum
+    plain = build_trainer(config.replace(precision="bfloat16"), jit_compile=False)
+    estimates = {"float32": float32_sum,
+                 "bfloat16": tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()}
     trainer = build_trainer(config.replace(precision="bfloat16"), jit_compile=False, execution=PipelineConfig(
         schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES))
     actual, _ = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
