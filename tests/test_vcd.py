@@ -8,11 +8,14 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from vcd_helpers.config import ControlVariateConfig, load_config
+from vcd_helpers.devices import compute_threads
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood
 from vcd_helpers.objectives import vcd_surrogate_losses
 from vcd_helpers.trainers import build_trainer
+
+STEP_INDEX = tf.constant([4, 7, 9, 11, 12])
 
 
 def _batch(n=6, seed=0):
@@ -151,15 +154,28 @@ def test_a_baseline_near_g_reduces_the_estimators_variance():
         estimator_variance(trainer, x, g, num_draws=1)
 
 
+_STEPS: dict = {}
+
+
+def _one_xla_step(method: str, precision: str, chain_shards: int | None = None) -> tuple[dict, list[np.ndarray]]:
+    """Metrics and weights after one XLA training step of the tiny config on ``_batch(5)``; each
+    combination is compiled and run once per module (two tests share the float32 VCD step)."""
+    if method == "vcd" and chain_shards is None:
+        chain_shards = compute_threads()  # the trainer's default, made explicit for the key
+    key = (method, precision, chain_shards)
+    if key not in _STEPS:
+        config = load_config("tiny", method=method, steps=2, train_examples=200, precision=precision)
+        trainer = build_trainer(config, jit_compile=True, chain_shards=chain_shards)
+        assert method == "vae" or trainer.chain_shards == chain_shards
+        metrics = {name: float(value) for name, value in trainer.train_step(STEP_INDEX, _batch(5)).items()}
+        _STEPS[key] = metrics, [v.numpy() for v in trainer.model.trainable_variables]
+    return _STEPS[key]
+
+
 def test_a_sharded_chain_gives_the_same_step():
-    config = load_config("tiny", steps=2, train_examples=200)
-    index, x = tf.constant([4, 7, 9, 11, 12]), _batch(5)
     metrics, weights = {}, {}
     for shards in (1, 2):
-        trainer = build_trainer(config, jit_compile=True, chain_shards=shards)
-        assert trainer.chain_shards == shards
-        metrics[shards] = {name: float(value) for name, value in trainer.train_step(index, x).items()}
-        weights[shards] = [v.numpy() for v in trainer.model.trainable_variables]
+        metrics[shards], weights[shards] = _one_xla_step("vcd", "float32", shards)
     assert metrics[2] == pytest.approx(metrics[1], rel=1e-4)
     for expected, actual in zip(weights[1], weights[2]):
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
@@ -178,13 +194,11 @@ def test_chain_shards_are_checked(overrides, execution_message):
 
 @pytest.mark.parametrize("method", ["vcd", "vae"])
 def test_a_bfloat16_step_is_the_float32_step_up_to_bfloat16_round_off(method):
-    config = load_config("tiny", method=method, steps=2, train_examples=200)
-    index, x = tf.constant([4, 7, 9, 11, 12]), _batch(5)
+    config = load_config("tiny", method=method)
     metrics, weights = {}, {}
     for precision in ("float32", "bfloat16"):
-        trainer = build_trainer(config.replace(precision=precision), jit_compile=True)
-        metrics[precision] = {name: float(value) for name, value in trainer.train_step(index, x).items()}
-        weights[precision] = np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables])
+        metrics[precision], variables = _one_xla_step(method, precision)
+        weights[precision] = np.concatenate([v.ravel() for v in variables])
     # At initialisation the chain's accept/reject draws (5 chains) and the encoder's loss (scales
     # near their floor) amplify round-off; the likelihood term does not.
     loss = "loss" if method == "vae" else "decoder_loss"
