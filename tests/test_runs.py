@@ -43,12 +43,21 @@ def _command(config_file: Path, results: Path) -> list[str]:
             "--quiet"]
 
 
-def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
-    config_file = _write_config(tmp_path / "small.json")
-    env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, Config, dict]:
+    """One finished run of ``SMALL`` (100 steps, a learning-curve point every 50), trained in this
+    process once for the tests that read it; a test that changes the directory works on its own
+    copy (``_copy``)."""
+    config = load_config("tiny").replace(**SMALL)
+    path = tmp_path_factory.mktemp("finished") / "run"
+    return path, config, train_run(config, path, progress=False)
 
-    uninterrupted = tmp_path / "uninterrupted"
-    train_run(load_config(config_file), uninterrupted, progress=False)
+
+def test_sigkilled_run_resumes_to_the_same_final_metrics(finished_run, tmp_path):
+    uninterrupted, config, _ = finished_run
+    config_file = _write_config(tmp_path / "small.json")
+    assert load_config(config_file) == config
+    env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
     resumed = tmp_path / "resumed"
     process = subprocess.Popen(_command(config_file, resumed), env=env, stdout=subprocess.DEVNULL,
@@ -88,15 +97,6 @@ def test_sigkilled_run_resumes_to_the_same_final_metrics(tmp_path):
     assert "--config" in b["command"] and a["command"] == "" and b["versions"]["tensorflow"] and b["device"]["cpu_count"]
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[Path, Config, dict]:
-    """One finished 20-step run, trained once for the tests that read it; a test that changes
-    the directory works on its own copy (``_copy``)."""
-    config = load_config("tiny").replace(**(SMALL | {"steps": 20}))
-    path = tmp_path_factory.mktemp("finished") / "run"
-    return path, config, train_run(config, path, progress=False)
-
-
 def _copy(run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(run, tmp_path / "run"))
 
@@ -105,7 +105,7 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(finished_
     original, config, results = finished_run
     run = _copy(original, tmp_path)
     recomputed = evaluate_run(run)
-    assert recomputed["checkpoint_step"] == 20
+    assert recomputed["checkpoint_step"] == config.steps
     assert recomputed["mean"] == pytest.approx(results["test_log_likelihood"]["mean"], abs=1e-4)
     assert (run / "evaluation-hmc_moments-S50-N20.json").exists()
     # A finished run is not trained again: the same command returns the stored results.
@@ -116,7 +116,7 @@ def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(fin
     original, config, results = finished_run
     run = _copy(original, tmp_path)
     final = restore_trainer(run)
-    assert int(final.step.numpy()) == 20 and final.control_variate.kind == "scheduled"
+    assert int(final.step.numpy()) == config.steps and final.control_variate.kind == "scheduled"
     np.testing.assert_array_equal(final.control_variate.local_values.numpy(),
                                   np.load(run / "local_baseline.npy"))
     # The step size the last step adapted to: near the last logging window's mean of them.
@@ -125,7 +125,7 @@ def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(fin
     assert step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
     shutil.rmtree(run / "model")  # as during training: from the newest checkpoint
     latest = restore_trainer(run)
-    assert int(latest.step.numpy()) == 20 and float(latest.step_size.numpy()) == step_size
+    assert int(latest.step.numpy()) == config.steps and float(latest.step_size.numpy()) == step_size
     for a, b in zip(latest.model.variables + latest.control_variate.variables,
                     final.model.variables + final.control_variate.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
