@@ -46,6 +46,7 @@ def test_the_plan_is_the_issue_list_of_valid_runs():
 
 
 def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
     status = runner.status(tmp_path)
     assert status.count("pending") == len(PLAN)
     run = PLAN[0]
@@ -60,12 +61,29 @@ def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
     for proposal in run.extra_proposals:
         (directory / f"evaluation-{proposal}-S20000-Nall.json").write_text("{}")
     assert runner._is_done(run, directory)
-    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    assert not runner._is_committed(run)
     target = runner.collect(run, directory)
     assert sorted(p.name for p in target.iterdir()) == sorted(
         ["config.json", "metrics.csv", "results.json", "model", "evaluation-encoder-S20000-Nall.json",
          "evaluation-hmc_mean-S20000-Nall.json"])
     assert not (target / "checkpoints").exists()
+    # Committed, the run is finished even with its runs directory gone (a lost machine).
+    assert runner._is_committed(run)
+    empty = tmp_path / "elsewhere"
+    assert runner.status(empty).count("pending") == len(PLAN) - 1 and "committed" in runner.status(empty)
+
+
+def test_a_committed_run_is_not_trained_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    committed, fresh = PLAN[-2], PLAN[-1]  # two short runs of the plan, neither a headline run
+    (tmp_path / "results" / committed.name).mkdir(parents=True)
+    (tmp_path / "results" / committed.name / "config.json").write_text(_config(committed).to_json())
+    (tmp_path / "results" / committed.name / "results.json").write_text(json.dumps({"steps": 1}))
+    started = []
+    work = runner.Runner(tmp_path, tmp_path, jobs=1, log=lambda message: None)
+    monkeypatch.setattr(work, "work", lambda run: started.append(run.name) or "done")
+    assert work.run([committed, fresh]) == 0
+    assert started == [fresh.name]
 
 
 def test_the_runner_refuses_a_second_runner(tmp_path):

@@ -9,7 +9,8 @@ into RUNS/runs/NAME, outside the repository (RUNS: ``--runs-dir``, ``$VCD_RUNS_D
 ``~/vcd-runs``); runs 1-3 are then evaluated with the two other proposals (``python -m
 vcd_helpers evaluate``). Started again after any stop (even ``kill -9`` of everything), the runner
 gives each unfinished run its original command, which resumes it exactly from its last checkpoint;
-finished work is skipped. It runs under ``nice`` and runs ``--jobs`` runs at once, each on an
+finished work is skipped, and so is a run whose results are committed in results/NAME (a
+runs directory lost with a machine does not cost those runs again). It runs under ``nice`` and runs ``--jobs`` runs at once, each on an
 equal share of the cores.
 
 The code a run uses is a snapshot of the repository's last commit (``git archive HEAD`` into
@@ -70,6 +71,12 @@ def _missing_evaluations(run: Run, directory: Path) -> list[str]:
 
 def _is_done(run: Run, directory: Path) -> bool:
     return _read_json(directory / "results.json") is not None and not _missing_evaluations(run, directory)
+
+
+def _is_committed(run: Run) -> bool:
+    """Whether results/NAME holds the run finished, so that a lost runs directory does not
+    train it again."""
+    return _is_done(run, RESULTS / run.name)
 
 
 def _tail_rows(path: Path, n: int) -> list[list[str]]:
@@ -154,7 +161,7 @@ class Runner:
         return "done; small files in " + str((RESULTS / run.name).relative_to(ROOT))
 
     def run(self, plan: list[Run]) -> int:
-        pending = [run for run in plan if not _is_done(run, self.root / "runs" / run.name)]
+        pending = [run for run in plan if not (_is_done(run, self.root / "runs" / run.name) or _is_committed(run))]
         self.log(f"{len(plan) - len(pending)} of {len(plan)} runs done; {len(pending)} to go, {self.jobs} at a time")
         failures = 0
         lock = threading.Lock()
@@ -218,7 +225,7 @@ def status(root: Path) -> str:
         results = _read_json(directory / "results.json")
         holder = RunDirectory(directory).holder()
         if not config_path.exists():
-            lines.append(f"{run.name:<{width}} {'pending':<10}")
+            lines.append(f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}")
             continue
         config = Config.from_dict(json.loads(config_path.read_text()))
         rows = _tail_rows(directory / "metrics.csv", 6)
