@@ -91,3 +91,16 @@ def test_the_runner_refuses_a_second_runner(tmp_path):
         with pytest.raises(SystemExit, match="another runner holds"):
             with runner.runner_lock(tmp_path):
                 pass
+
+
+def test_a_run_terminated_by_stop_is_stopped_not_failed(tmp_path, monkeypatch):
+    work = runner.Runner(tmp_path, tmp_path, jobs=1, log=lambda message: None)
+
+    def terminated(name, argv):
+        work.stop()
+        return 130  # what the training command exits with when stop() terminates it
+    monkeypatch.setattr(work, "_call", terminated)
+    assert work.work(PLAN[-1]) == "stopped"
+    monkeypatch.setattr(work, "_call", lambda name, argv: 1)
+    work.stopping = False
+    assert work.work(PLAN[-1]).startswith("train exited 1")

@@ -149,12 +149,16 @@ class Runner:
         if self.stopping:
             return "not started"
         code = self._call(run.name, ["train", "--results", str(directory), "--quiet", *run.options])
+        if code and self.stopping:
+            return "stopped"  # terminated by stop(): it resumes from its last checkpoint next time
         if code:
             return f"train exited {code} (see logs/{run.name}.log)"
         for proposal in _missing_evaluations(run, directory):
             if self.stopping:
                 return "stopped"
             code = self._call(run.name, ["evaluate", str(directory), "--proposal", proposal])
+            if code and self.stopping:
+                return "stopped"
             if code:
                 return f"evaluate --proposal {proposal} exited {code}"
         collect(run, directory)
