@@ -20,11 +20,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 import check_book  # noqa: E402
 
 
-def test_the_built_book_renders_in_chromium(tmp_path):
+def _chromium() -> str:
     chromium = check_book.find_chromium()
     if chromium is None:
         pytest.skip("no Chromium on this machine (Debian: apt-get install chromium); the browser check cannot run")
     pytest.importorskip("playwright", reason="playwright is not installed; the browser check cannot run")
+    return chromium
+
+
+def test_the_built_book_renders_in_chromium(tmp_path):
+    chromium = _chromium()
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["execute"]["execute_notebooks"] = "off"  # render the committed outputs
     # Paths in a config file are relative to it: this one lives elsewhere.
@@ -38,3 +43,12 @@ def test_the_built_book_renders_in_chromium(tmp_path):
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     problems = check_book.check_book(tmp_path / "_build" / "html", check_book.toc_pages(), chromium)
     assert problems == [], "\n".join(problems)
+
+
+def test_the_browser_check_finds_a_table_printed_as_text(tmp_path):
+    chromium = _chromium()
+    (tmp_path / "page.html").write_text(
+        "<html><body><main><h1>A page</h1><p>| | a | b |\n|---|---|---|\n| x | 1 | 2 |</p>"
+        "<table><tr><td>| a rendered table's cell |</td></tr></table></main></body></html>")
+    problems = check_book.check_book(tmp_path, ["page"], chromium)
+    assert problems == ["page: a Markdown table shown as text: '| | a | b |\\n|---|---|---|\\n| x | 1 | 2 |'"], problems

@@ -4,8 +4,8 @@
 
 For every page in _toc.yml, with every request that would leave the machine blocked (a reader
 offline or behind a firewall): the page asks the network for nothing, renders with a heading,
-typesets every equation (MathJax is served by the book), cuts no line off behind a horizontal
-scrollbar (in a 1280-pixel window), loads every image, has every internal
+typesets every equation (MathJax is served by the book), renders every Markdown table as a
+table, cuts no line off behind a horizontal scrollbar (in a 1280-pixel window), loads every image, has every internal
 link pointing at a file of the book (and same-page anchors exist), shows no error text (a
 Python traceback, an error output), and no script on it raises. Prints each problem and exits 1
 if there are any. Needs
@@ -70,6 +70,10 @@ async () => {
     cut_off: Array.from(document.querySelectorAll("article pre, .pst-scrollable-table-container, .table-wrapper"))
       .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim().slice(0, 60)),
     untypeset: maths.filter(m => !m.querySelector("mjx-container")).map(m => m.textContent.slice(0, 40)),
+    // A Markdown table printed as text (its |---| delimiter row in a paragraph): a text/markdown
+    // output rendered as CommonMark, which has no tables.
+    raw_tables: Array.from(document.querySelectorAll("main p, article p"))
+      .filter(p => /\|\s*:?-{3,}:?\s*\|/.test(p.textContent)).map(p => p.textContent.trim().slice(0, 60)),
     heading: (document.querySelector("main h1, article h1, h1") || {}).textContent || "",
     images: images.map((img, i) => ({src: img.getAttribute("src"), ok: loaded[i]})),
     links: Array.from(document.querySelectorAll("main a[href], article a[href]")).map(a => a.getAttribute("href")),
@@ -114,6 +118,7 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
             problems += [f"{name}: asks the network for {url}" for url in dict.fromkeys(network)]
             problems += [f"{name}: equation not typeset: {text!r}" for text in facts["untypeset"]]
             problems += [f"{name}: lines cut off behind a horizontal scrollbar: {text!r}" for text in facts["cut_off"]]
+            problems += [f"{name}: a Markdown table shown as text: {text!r}" for text in facts["raw_tables"]]
             if not facts["heading"].strip():
                 problems.append(f"{name}: no heading rendered")
             for image in facts["images"]:
