@@ -7,7 +7,7 @@ import pytest
 
 from vcd_helpers import analysis
 from vcd_helpers.config import load_config
-from vcd_helpers.runs import evaluate_run, train_run
+from vcd_helpers.runs import COMMITTED_RESULTS, evaluate_run, train_run
 
 
 def test_t_interval_of_three_values():
@@ -43,3 +43,12 @@ def test_a_finished_run_reads_back_with_its_curve_and_estimates(tmp_path):
     evaluate_run(tmp_path / "run", proposal="encoder")
     encoder = run.evaluation("encoder")
     assert encoder["proposal"] == "encoder" and encoder["per_example"].shape == (12,)
+
+
+def test_a_metric_mean_covers_the_rows_of_its_epochs():
+    run = analysis.load_run(COMMITTED_RESULTS / "vcd_scheduled_e100_s0")  # 500 steps per epoch, a row per 100
+    steps, accept = run.metrics["step"], run.metrics["accept_rate"]
+    assert run.metric_mean("accept_rate", 90, 100) == pytest.approx(accept[steps > 45_000].mean())
+    assert run.metric_mean("accept_rate", 0, 1) == pytest.approx(accept[steps <= 500].mean())
+    with pytest.raises(ValueError, match=r"epochs \(100, 101\] hold no metrics row"):
+        run.metric_mean("accept_rate", 100, 101)

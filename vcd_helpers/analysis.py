@@ -100,6 +100,16 @@ class FinishedRun:
         estimates = path.with_suffix(".npy")
         return json.loads(path.read_text()) | {"per_example": np.load(estimates) if estimates.exists() else None}
 
+    def metric_mean(self, column: str, start_epoch: float, end_epoch: float) -> float:
+        """The mean of a metrics.csv column over the rows logged after epoch ``start_epoch`` and up
+        to epoch ``end_epoch``. Raises ValueError for a window that holds no row."""
+        epoch = self.metrics["step"] / self.config.steps_per_epoch
+        rows = (epoch > start_epoch) & (epoch <= end_epoch)
+        if not rows.any():
+            raise ValueError(f"epochs ({start_epoch}, {end_epoch}] hold no metrics row of run {self.name}: "
+                             f"its rows span epochs {epoch[0]:g} to {epoch[-1]:g}")
+        return float(self.metrics[column][rows].mean())
+
     def local_baseline(self) -> np.ndarray | None:
         """The final per-image control variate [50,000] (local and scheduled runs), or None."""
         path = self.path / LOCAL_BASELINE_FILE
