@@ -104,3 +104,17 @@ def test_a_run_terminated_by_stop_is_stopped_not_failed(tmp_path, monkeypatch):
     monkeypatch.setattr(work, "_call", lambda name, argv: 1)
     work.stopping = False
     assert work.work(PLAN[-1]).startswith("train exited 1")
+
+
+@pytest.mark.parametrize("leads_its_session", [True, False])
+def test_the_runner_yields_to_interactive_work(tmp_path, monkeypatch, leads_its_session):
+    niced = []
+    monkeypatch.setattr(runner.os, "nice", niced.append)
+    monkeypatch.setattr(runner.os, "getsid", lambda pid: runner.os.getpid() if leads_its_session else 1)
+    autogroup = tmp_path / "autogroup"
+    autogroup.write_text("0\n")
+    runner.yield_cores(autogroup)
+    assert niced == [runner.NICENESS]
+    # Its session's priority too, but only when the session is the runner's own (under setsid).
+    assert autogroup.read_text() == (f"{runner.NICENESS}\n" if leads_its_session else "0\n")
+    runner.yield_cores(tmp_path / "missing" / "autogroup")  # no autogroups on this kernel: nice alone

@@ -10,8 +10,8 @@ into RUNS/runs/NAME, outside the repository (RUNS: ``--runs-dir``, ``$VCD_RUNS_D
 vcd_helpers evaluate``). Started again after any stop (even ``kill -9`` of everything), the runner
 gives each unfinished run its original command, which resumes it exactly from its last checkpoint;
 finished work is skipped, and so is a run whose results are committed in results/NAME (a
-runs directory lost with a machine does not cost those runs again). It runs under ``nice`` and runs ``--jobs`` runs at once, each on an
-equal share of the cores.
+runs directory lost with a machine does not cost those runs again). It runs at a low priority
+(``yield_cores``) and runs ``--jobs`` runs at once, each on an equal share of the cores.
 
 The code a run uses is a snapshot of the repository's last commit (``git archive HEAD`` into
 RUNS/code/COMMIT), so edits to the work tree never reach a run; a runner started after a new
@@ -256,6 +256,25 @@ def status(root: Path) -> str:
     return "\n".join(lines)
 
 
+NICENESS = 10
+
+
+def yield_cores(autogroup: Path = Path("/proc/self/autogroup")) -> None:
+    """Lower the runner's priority, and so its runs', below interactive work on the same cores.
+
+    Linux orders processes by their nice value only within one autogroup (one session); between
+    autogroups it shares the cores by each group's own nice value. A runner started with
+    ``setsid`` (as the README starts it) leads a session of its own, so ``os.nice`` alone leaves
+    it an equal share against a shell; it also sets its autogroup's nice value, which then covers
+    just the runner and its runs. A runner started inside a terminal's session leaves that
+    session's value alone (it would slow the terminal too); kernels without autogroups are fine.
+    """
+    os.nice(NICENESS)
+    if os.getsid(0) == os.getpid():
+        with contextlib.suppress(OSError):
+            autogroup.write_text(f"{NICENESS}\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs-dir", help="where the runs live (default $VCD_RUNS_DIR or ~/vcd-runs)")
@@ -280,7 +299,7 @@ def main() -> int:
         print(f"[{datetime.now():%Y-%m-%d %H:%M:%S}] {message}", flush=True)
 
     with runner_lock(root):
-        os.nice(10)  # the runs yield to interactive work on the same cores
+        yield_cores()
         commit, code = snapshot(root)
         log(f"code: commit {commit[:12]} (snapshot {code})")
         runner = Runner(root, code, args.jobs, log)
