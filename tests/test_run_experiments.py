@@ -12,6 +12,7 @@ import pytest
 
 from vcd_helpers.cli import _parser, resolve_config
 from vcd_helpers.experiments import PLAN
+from vcd_helpers.runs import RunDirectory
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
@@ -57,6 +58,11 @@ def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
     (directory / "model" / "weights.index").write_text("w")
     (directory / "checkpoints").mkdir()
     assert "stopped" in runner.status(tmp_path).splitlines()[2] and "50.0" in runner.status(tmp_path)
+    with RunDirectory(directory).lock("the training command"):
+        assert "training" in runner.status(tmp_path).splitlines()[2]
+        with open(directory / "metrics.csv", "a") as f:
+            f.write(f"{_config(run).num_steps},20.0,1\n")
+        assert "evaluating" in runner.status(tmp_path).splitlines()[2]  # the final evaluation
     (directory / "results.json").write_text(json.dumps({"steps": 400_000}))
     for proposal in run.extra_proposals:
         (directory / f"evaluation-{proposal}-S20000-Nall.json").write_text("{}")

@@ -243,7 +243,9 @@ def status(root: Path) -> str:
         if _is_done(run, directory):
             state, left = "done", 0.0
         else:
-            state = ("evaluating" if results else "training") if holder else ("stopped" if step else "starting")
+            # After the last step a run is evaluating: its final estimate, then (runs 1-3) the other proposals.
+            evaluating = results is not None or step >= config.num_steps
+            state = ("evaluating" if evaluating else "training") if holder else ("stopped" if step else "starting")
             curve_left = ((config.num_steps - step) // config.curve_every_steps * float(curve[-1][8])
                           if curve and config.curve_every_steps else 0.0)
             left = (config.num_steps - step) * ms_per_step / 1000 + curve_left if ms else float("nan")
