@@ -15,6 +15,7 @@ test depends on how fast a machine is.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, Config, check_positive_int, load_config
+from vcd_helpers.config import NUM_PIXELS, Config, EvaluationConfig, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import compute_threads, cpu_model
+from vcd_helpers.evaluation import make_evaluator
+from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
 from vcd_helpers.timing import Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
@@ -318,4 +321,78 @@ def format_breakdown(breakdown: StepBreakdown) -> str:
                  f"dense rate ({b.matmul_rate:.0f})")
     lines.append(f"  the widest multiply alone: {b.shape_gflops:.0f} GFLOP/s, {b.shape_gflops / b.matmul_rate:.0%} "
                  "of the dense rate")
+    return "\n".join(lines)
+
+
+def evaluation_flops(config: Config, evaluation: EvaluationConfig) -> float:
+    """Floating-point operations (matrix multiplies only) of evaluating one image by ``evaluation``.
+
+    With F the decoder's forward pass and E the encoder's (both nets): the proposal needs the
+    encoder, and for the HMC proposals the encoder again (the chain's start) and two chains, the
+    burn-in and the kept one, each evaluating log p(x, z) and its gradient (2F) once at its start
+    and ``num_leapfrog_steps`` times per iteration; then each of the S importance samples costs F.
+    """
+    hidden, latent = config.model.hidden_units, config.model.latent_dim
+    decoder = mlp_forward_flops([latent, hidden, hidden, NUM_PIXELS])
+    encoder = 2 * mlp_forward_flops([NUM_PIXELS, hidden, hidden, latent])
+    per_image = encoder + evaluation.num_samples * decoder
+    if evaluation.proposal != "encoder":
+        chains = (evaluation.burn_in > 0) + 1
+        evaluations = chains + (evaluation.burn_in + evaluation.kept) * config.hmc.num_leapfrog_steps
+        per_image += encoder + evaluations * 2 * decoder
+    return float(per_image)
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """The final evaluation's speed: ``seconds_per_image`` (median call over its images),
+    ``gflops_per_second`` (``evaluation_flops`` at that speed), ``cores_used`` (process CPU time
+    over wall time) and ``test_set_minutes``, the time the same protocol takes on all 10,000
+    test images at that speed."""
+
+    proposal: str
+    num_examples: int
+    num_samples: int
+    batch_size: int
+    seconds_per_image: float
+    gflops_per_second: float
+    cores_used: float
+
+    @property
+    def test_set_minutes(self) -> float:
+        return 10_000 * self.seconds_per_image / 60
+
+
+def benchmark_evaluation(config: Config, *, proposal: str = "hmc_moments", num_examples: int | None = None,
+                         calls: int = 1, seed: int = 0) -> EvaluationRow:
+    """Time ``config``'s final evaluation (``evaluation.make_evaluator``, as a run's last step
+    calls it) with ``proposal`` on the first ``num_examples`` test images (default: one batch of
+    ``config.evaluation.batch_size``), after an untimed call that traces it. The model is freshly
+    initialised: the protocol's work does not depend on the weights (fixed chain lengths and
+    sample counts). Raises ValueError for a ``num_examples`` that is not a positive multiple of
+    the evaluation's batch size (a partial batch would trace a second graph inside the timing)."""
+    evaluation = dataclasses.replace(config.evaluation, proposal=proposal, num_examples=None)
+    num_examples = evaluation.batch_size if num_examples is None else num_examples
+    check_positive_int("num_examples", num_examples)
+    if num_examples % evaluation.batch_size:
+        raise ValueError(f"num_examples={num_examples} is invalid: must be a multiple of the evaluation's "
+                         f"batch size {evaluation.batch_size}")
+    images = load_binarized_mnist("test")[:num_examples]
+    evaluate = make_evaluator(VAE(config.model, seed=seed), evaluation, config.hmc)
+    evaluate(images[: evaluation.batch_size], seed)  # traces the batch's graph
+    timed = time_calls(lambda: evaluate(images, seed).per_example, repeats=calls, warmup=0, units=num_examples)
+    return EvaluationRow(proposal, num_examples, evaluation.num_samples, evaluation.batch_size, timed.median,
+                         evaluation_flops(config, evaluation) / timed.median / 1e9, timed.cores_used)
+
+
+def format_evaluation(rows: Sequence[EvaluationRow], matmul_rate: float) -> str:
+    """The evaluation rows as a plain-text table against the dense matmul rate."""
+    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
+             "at 1024^3 (XLA)",
+             f"{'proposal':<12}{'images':>7}{'S':>7}{'batch':>6}{'s/image':>8}{'GFLOP/s':>8}{'of dense':>9}"
+             f"{'cores':>6}{'10k images':>11}"]
+    for r in rows:
+        lines.append(f"{r.proposal:<12}{r.num_examples:>7}{r.num_samples:>7}{r.batch_size:>6}"
+                     f"{r.seconds_per_image:>8.3f}{r.gflops_per_second:>8.1f}{r.gflops_per_second / matmul_rate:>9.0%}"
+                     f"{r.cores_used:>6.2f}{r.test_set_minutes:>9.0f} m")
     return "\n".join(lines)

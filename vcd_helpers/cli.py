@@ -6,6 +6,7 @@
     python -m vcd_helpers train --config default --strategy mirrored --replicas 2 --results runs/dp2
     python -m vcd_helpers evaluate results/default
     python -m vcd_helpers bench --batch-sizes 100 512                   # ms per step, GFLOP/s
+    python -m vcd_helpers bench --evaluation --calls 1                  # the final evaluation's speed
 
 Running the same ``train`` command again resumes an interrupted run from its last checkpoint.
 Changing the batch size without giving a learning rate takes the tuned rate for that batch size.
@@ -85,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--breakdown", action="store_true",
                        help="instead: where the first config's VCD step spends its time, at the first batch size, "
                             "with the chain in one block and in --chain-shards blocks")
+    bench.add_argument("--evaluation", action="store_true",
+                       help="instead: the first config's final evaluation (the paper's protocol) on --examples "
+                            "test images with each --proposal: s/image, GFLOP/s, minutes for the test set")
+    bench.add_argument("--proposal", nargs="+", choices=PROPOSALS, default=["hmc_moments"],
+                       help="with --evaluation: the proposals to time")
+    bench.add_argument("--examples", type=int, help="with --evaluation: test images (default: one evaluation batch)")
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
     evaluate.add_argument("results", help="a results directory written by train")
@@ -258,9 +265,19 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """``bench``: the table of step timings, or ``--breakdown`` of one step."""
-    from vcd_helpers.bench import format_benchmark, format_breakdown, matmul_gflops, run_benchmark, step_breakdown
+    from vcd_helpers.bench import (benchmark_evaluation, format_benchmark, format_breakdown, format_evaluation,
+                                   matmul_gflops, run_benchmark, step_breakdown)
     from vcd_helpers.devices import compute_threads, cpu_model
 
+    if args.evaluation:
+        config = load_config(args.configs[0])
+        rows = [benchmark_evaluation(config, proposal=p, num_examples=args.examples, calls=args.calls)
+                for p in args.proposal]
+        print(format_evaluation(rows, matmul_gflops()))
+        print(f"(median of {args.calls} call(s) after a tracing call; {config.evaluation.burn_in} + "
+              f"{config.evaluation.kept} HMC iterations for the HMC proposals; fresh weights: the work does not "
+              "depend on them)")
+        return 0
     if args.breakdown:
         if args.precision != ["float32"]:
             raise ValueError(f"--precision {' '.join(args.precision)} is invalid with --breakdown: the "
