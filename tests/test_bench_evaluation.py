@@ -33,7 +33,9 @@ def test_a_tiny_evaluation_row():
     assert row.gflops_per_second == pytest.approx(flops / row.seconds_per_image / 1e9)
     assert row.test_set_minutes == pytest.approx(10_000 * row.seconds_per_image / 60)
     assert row.seconds_per_image > 0 and row.cores_used > 0
-    assert "hmc_moments" in bench.format_evaluation([row], matmul_rate=100.0)
+    table = bench.format_evaluation([row], matmul_rate=100.0).splitlines()
+    assert table[:2] == bench.machine_header(100.0) and table[-1].split()[:4] == ["hmc_moments", "8", "20", "4"]
+    assert max(map(len, table)) <= 80
 
 
 def test_a_partial_batch_is_refused():

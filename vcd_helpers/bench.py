@@ -204,11 +204,18 @@ def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_
                           chain_shards=chain_shards) for c in configs]
 
 
+def machine_header(matmul_rate: float) -> list[str]:
+    """The two lines above every benchmark table: the CPU, and the dense matmul rate the table's
+    GFLOP/s are read against. The CPU's name has a line of its own: a brand string is at most 48
+    characters, so the line stays within the tables' 80 on any CPU."""
+    return [f"CPU: {cpu_model()}, {os.cpu_count()} cores",
+            f"dense float32 matmul: {matmul_rate:.0f} GFLOP/s at 1024^3 (XLA)"]
+
+
 def format_benchmark(rows: list[BenchmarkRow], matmul_rate: float) -> str:
     """A plain-text table of the rows (at most 80 characters wide: it is printed in the book), with
     the CPU model and the large-matmul rate for comparison above it."""
-    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
-             "at 1024^3 (XLA)",
+    lines = [*machine_header(matmul_rate),
              "prec: the networks' multiplies (f32, or bf16 operands with float32 sums);",
              "of dense: GFLOP/s over that rate; cores: process CPU time / wall time; shards:",
              "  blocks of chains evaluated concurrently",
@@ -387,8 +394,7 @@ def benchmark_evaluation(config: Config, *, proposal: str = "hmc_moments", num_e
 
 def format_evaluation(rows: Sequence[EvaluationRow], matmul_rate: float) -> str:
     """The evaluation rows as a plain-text table against the dense matmul rate."""
-    lines = [f"CPU: {cpu_model()}, {os.cpu_count()} cores; dense float32 matmul: {matmul_rate:.0f} GFLOP/s "
-             "at 1024^3 (XLA)",
+    lines = [*machine_header(matmul_rate),
              f"{'proposal':<12}{'images':>7}{'S':>7}{'batch':>6}{'s/image':>8}{'GFLOP/s':>8}{'of dense':>9}"
              f"{'cores':>6}{'10k images':>11}"]
     for r in rows:
