@@ -67,3 +67,73 @@ def test_a_stopwatch_starts_from_its_offset_and_leaves_work_out():
 
 def test_input_pipeline_rate():
     assert data.batches_per_second(iter(range(1000)), num_batches=50) > 0
+
+
+def _alternated(seconds: dict[str, np.ndarray], units: int = 1) -> dict[str, timing.Timing]:
+    return {name: timing.Timing(tuple(float(s) for s in values), units) for name, values in seconds.items()}
+
+
+def test_compare_finds_no_difference_between_identical_variants():
+    rng = np.random.default_rng(1)
+    timings = _alternated({"a": 0.040 * rng.lognormal(0, 0.1, 20), "b": 0.040 * rng.lognormal(0, 0.1, 20)})
+    result = timing.compare(timings, baseline="a")
+    assert set(result) == {"a", "b"}
+    assert (result["a"].ratio, result["a"].low, result["a"].high, result["a"].differs) == (1.0, 1.0, 1.0, False)
+    b = result["b"]
+    assert b.low < 1 < b.high and not b.differs and b.verdict == "no difference resolved"
+    assert b.low <= b.ratio <= b.high and b.rounds == 20 and b.confidence == 0.95
+    assert "no difference resolved" in str(b)
+
+
+def test_compare_resolves_a_variant_twice_as_slow():
+    rng = np.random.default_rng(2)
+    fast = 0.010 * rng.lognormal(0, 0.15, 15)
+    slow = 0.020 * rng.lognormal(0, 0.15, 15)
+    result = timing.compare(_alternated({"fast": fast, "slow": slow}), baseline="fast")
+    slower = result["slow"]
+    assert slower.differs and slower.verdict == "slower" and 1 < slower.low < 2 < slower.high < 2.5
+    faster = timing.compare(_alternated({"fast": fast, "slow": slow}), baseline="slow")["fast"]
+    assert faster.differs and faster.verdict == "faster" and faster.low < 0.5 < faster.high < 1
+    assert timing.compare(_alternated({"fast": fast, "slow": slow}), baseline="fast", seed=0) == result  # seeded
+
+
+def test_compare_pairs_the_calls_by_round():
+    # The machine's speed drifts threefold over the rounds and meets both variants alike in each
+    # round: the per-round ratio cancels it, where the two medians alone could not.
+    rounds = 12
+    rng = np.random.default_rng(3)
+    drift = np.linspace(1, 3, rounds)
+    rng.shuffle(drift)
+    a = 0.030 * drift * rng.lognormal(0, 0.01, rounds)
+    b = 0.031 * drift * rng.lognormal(0, 0.01, rounds)
+    b_result = timing.compare(_alternated({"a": a, "b": b}), baseline="a")["b"]
+    assert b_result.differs and 1.02 < b_result.low < 31 / 30 < b_result.high < 1.045, b_result
+
+
+def test_compare_works_per_unit_of_work():
+    seconds = np.full(5, 0.1) * np.array([1.0, 1.01, 0.99, 1.02, 0.98])
+    timings = {"one": timing.Timing(tuple(seconds), units=1), "ten": timing.Timing(tuple(seconds), units=10)}
+    ten = timing.compare(timings, baseline="one")["ten"]
+    assert ten.ratio == pytest.approx(0.1) and ten.high == pytest.approx(0.1) and ten.differs
+
+
+def test_coverage_of_compare_is_near_its_confidence():
+    rng = np.random.default_rng(4)
+    covered = 0
+    for k in range(200):
+        timings = _alternated({"a": rng.lognormal(0, 0.2, 20), "b": rng.lognormal(0, 0.2, 20)})
+        covered += not timing.compare(timings, baseline="a", resamples=2000, seed=k)["b"].differs
+    assert 0.85 <= covered / 200 <= 1.0, covered
+
+
+@pytest.mark.parametrize("timings, options, message", [
+    (dict(a=[1.0] * 5, b=[1.0] * 5), dict(baseline="c"), r"baseline='c' is invalid: must be one of the timed variants \('a', 'b'\)"),
+    (dict(a=[1.0] * 2, b=[1.0] * 2), dict(baseline="a"), "2 rounds are too few: compare needs at least 3"),
+    (dict(a=[1.0] * 5, b=[1.0] * 4), dict(baseline="a"), r"rounds per variant \{'a': 5, 'b': 4\} are invalid"),
+    (dict(a=[1.0] * 5, b=[1.0, 0.0, 1.0, 1.0, 1.0]), dict(baseline="a"), "variant 'b' has call times"),
+    (dict(a=[1.0] * 5), dict(baseline="a", confidence=1.5), "confidence=1.5 is invalid"),
+    (dict(a=[1.0] * 5), dict(baseline="a", resamples=0), "resamples=0 is invalid"),
+])
+def test_bad_comparisons_are_named(timings, options, message):
+    with pytest.raises(ValueError, match=message):
+        timing.compare(_alternated({k: np.array(v) for k, v in timings.items()}), **options)

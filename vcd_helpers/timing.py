@@ -5,7 +5,8 @@
 seconds of each call, their median and spread, per unit of work (``units`` steps, chains or
 evaluations per call). ``time_alternately`` times several variants turn by turn, so that a
 machine's drift (another process, a clock change) hits all of them alike: the way to compare two
-variants. ``Stopwatch`` is the wall clock of a long job (a training run, resumed across processes,
+variants. ``compare`` then says whether they differ: per variant, the ratio of its time to a
+baseline variant's, round by round, with a bootstrap interval. ``Stopwatch`` is the wall clock of a long job (a training run, resumed across processes,
 with its periodic evaluations left out).
 
 Timings are for benchmarks and figures; no test depends on how fast a machine is.
@@ -99,6 +100,87 @@ def time_alternately(variants: dict[str, Callable[[], Any]], *, repeats: int = 5
             outputs[name].append(result)
     return {name: Timing(tuple(seconds[name]), units, tuple(outputs[name]), tuple(cpu_seconds[name]))
             for name in variants}
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A variant's time over the baseline's: the median of the per-round ratios and its interval.
+
+    ``ratio``: median over rounds of (variant's seconds / baseline's seconds) per unit of work;
+    ``low``, ``high``: the ``confidence`` bootstrap interval of that median; ``rounds``: how many
+    alternated rounds it rests on. ``differs`` is True when the interval excludes 1.
+    """
+
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+    rounds: int
+
+    @property
+    def differs(self) -> bool:
+        """Whether the interval excludes 1: the variant is resolved as faster or slower."""
+        return not self.low <= 1.0 <= self.high
+
+    @property
+    def verdict(self) -> str:
+        """One of "slower", "faster" or "no difference resolved", as the interval says."""
+        if not self.differs:
+            return "no difference resolved"
+        return "slower" if self.low > 1.0 else "faster"
+
+    def __str__(self) -> str:
+        return (f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] "
+                f"({self.confidence:.0%} interval, {self.rounds} rounds): {self.verdict}")
+
+
+def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.95, seed: int = 0,
+            resamples: int = 10_000) -> dict[str, RatioInterval]:
+    """Whether each variant timed by ``time_alternately`` differs from the ``baseline`` variant.
+
+    Round r of ``time_alternately`` timed every variant once, close together in time, so the
+    ratio seconds[variant][r] / seconds[baseline][r] (per unit of work) cancels whatever the
+    machine's speed was in that round. The statistic is the median of these per-round ratios;
+    its interval is the percentile bootstrap over rounds (``resamples`` resamples of the rounds,
+    drawn with ``seed``). A variant ``differs`` when the interval excludes 1. Every variant is
+    in the result, the baseline too (exactly 1).
+
+    With few rounds the interval is coarse: the bootstrap median of r rounds can only take the
+    values of the r ratios, so with 3 rounds the interval is their range. Ten rounds or more
+    give a usable interval.
+
+    Raises ValueError for an unknown ``baseline``, fewer than 3 rounds, variants with different
+    numbers of rounds, a non-positive call time, a ``confidence`` outside (0, 1) or a
+    non-positive ``resamples``.
+    """
+    if baseline not in timings:
+        raise ValueError(f"baseline={baseline!r} is invalid: must be one of the timed variants "
+                         f"({', '.join(map(repr, timings)) or 'none given'})")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} is invalid: must lie in (0, 1)")
+    check_positive_int("resamples", resamples)
+    rounds = {name: len(t.seconds) for name, t in timings.items()}
+    if len(set(rounds.values())) != 1:
+        raise ValueError(f"rounds per variant {rounds} are invalid: compare needs variants timed "
+                         "alternately, the same number of rounds each")
+    num_rounds = rounds[baseline]
+    if num_rounds < 3:
+        raise ValueError(f"{num_rounds} rounds are too few: compare needs at least 3 alternated rounds")
+    per_unit = {}
+    for name, t in timings.items():
+        seconds = np.asarray(t.seconds, dtype=np.float64) / t.units
+        if not np.all(np.isfinite(seconds) & (seconds > 0)):
+            raise ValueError(f"variant {name!r} has call times {t.seconds}: each must be a positive number of seconds")
+        per_unit[name] = seconds
+    # The same resampled rounds for every variant (each against the baseline of its own round).
+    picks = np.random.default_rng(seed).integers(0, num_rounds, size=(resamples, num_rounds))
+    tail = (1 - confidence) / 2
+    result = {}
+    for name, seconds in per_unit.items():
+        ratios = seconds / per_unit[baseline]
+        low, high = np.quantile(np.median(ratios[picks], axis=1), [tail, 1 - tail])
+        result[name] = RatioInterval(float(np.median(ratios)), float(low), float(high), confidence, num_rounds)
+    return result
 
 
 class Stopwatch:
