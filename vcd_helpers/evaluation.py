@@ -6,14 +6,17 @@ with S = 20,000 samples per example in the paper. The S samples are drawn and sc
 and combined with a streaming logsumexp (a running maximum and a rescaled running sum), so
 memory grows with the chunk size, not with S.
 
-Proposals r, all diagonal Gaussians widened by 1.2 (heavier than the posterior, so the weights
-have finite variance):
+Proposals r, all diagonal Gaussians with their scale widened by c = 1.2:
 - ``encoder``:     N(mu_q, (1.2 sigma_q)^2);
 - ``hmc_mean``:    N(HMC mean, (1.2 sigma_q)^2);
 - ``hmc_moments``: N(HMC mean, (1.2 HMC std)^2), the one the authors report.
-The HMC statistics come from a chain started at the encoder mean: ``burn_in`` iterations that
-adapt the step size, then ``kept`` iterations at a fixed step size whose states give the mean
-and standard deviation (the reference adapts during burn-in only).
+Widening is a margin, not a guarantee: the weights' variance is finite only where the proposal's
+tails are heavier than the posterior's in every direction, and a widened Gaussian still has
+Gaussian tails. The weights' effective sample size S_eff (``return_effective_sample_size``)
+shows how far a proposal is from that. The HMC statistics come from a chain started at the
+encoder mean (``hmc_posterior_chain``): ``burn_in`` iterations that adapt the step size, then
+``kept`` iterations at a fixed step size whose states give the mean and standard deviation (the
+reference adapts during burn-in only).
 """
 
 from __future__ import annotations
@@ -35,15 +38,24 @@ LogJointFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, proposal_loc: tf.Tensor,
                                       proposal_scale: tf.Tensor, *, num_samples: int, chunk_size: int,
-                                      seed: SeedLike) -> tf.Tensor:
+                                      seed: SeedLike, return_effective_sample_size: bool = False
+                                      ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
     """Estimate log p(x) per example by importance sampling from N(loc, diag(scale^2)).
+
+    With ``return_effective_sample_size``, the same pass also returns the weights' effective
+    sample size per example, S_eff = (sum_s w_s)^2 / sum_s w_s^2, between 1 (one weight
+    dominates) and S (all equal). It streams with the estimate: a running sum of the squared
+    weights, rescaled by the same running maximum, so no weight is ever exponentiated unscaled
+    (no overflow) and the estimate is the same number with or without it.
 
     Args:
       log_joint_fn: (x [B, ...], z [C, B, D]) -> log p(x, z) [C, B].
       x: the observations, [B, ...].
       proposal_loc, proposal_scale: [B, D].
       num_samples: S; chunk_size: samples scored at once (the last chunk may be partial).
-    Returns: [B] estimates.
+      return_effective_sample_size: also return S_eff [B].
+    Returns: [B] estimates, or ([B] estimates, [B] S_eff).
+    Raises: ValueError if num_samples or chunk_size is not positive.
     """
     if num_samples < 1 or chunk_size < 1:
         raise ValueError(f"num_samples={num_samples} and chunk_size={chunk_size} must be positive")
@@ -54,43 +66,93 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
     dtype = proposal_loc.dtype
     batch = tf.shape(proposal_loc)[0]
 
-    def body(c, running_max, running_sum):
+    def body(c, running_max, running_sum, *running_squares):
         z = proposal.sample(chunk_size, seed=chunk_seeds[c])                     # [C, B, D]
         log_weights = log_joint_fn(x, z) - proposal.log_prob(z)                   # [C, B]
         # The last chunk may run past S: its surplus samples get weight zero.
         valid = c * chunk_size + tf.range(chunk_size) < num_samples
         log_weights = tf.where(valid[:, None], log_weights, tf.constant(-np.inf, dtype))
         new_max = tf.maximum(running_max, tf.reduce_max(log_weights, axis=0))
-        running_sum = (running_sum * tf.exp(running_max - new_max)
-                       + tf.reduce_sum(tf.exp(log_weights - new_max), axis=0))
-        return c + 1, new_max, running_sum
+        rescale, scaled = tf.exp(running_max - new_max), tf.exp(log_weights - new_max)  # [B], [C, B]: at most 1
+        running_sum = running_sum * rescale + tf.reduce_sum(scaled, axis=0)
+        if return_effective_sample_size:  # sum of w^2 / max^2, rescaled like the sum
+            running_squares = (running_squares[0] * tf.square(rescale) + tf.reduce_sum(tf.square(scaled), axis=0),)
+        return (c + 1, new_max, running_sum, *running_squares)
 
-    _, running_max, running_sum = tf.while_loop(
+    zeros = tf.zeros([batch], dtype)
+    _, running_max, running_sum, *running_squares = tf.while_loop(
         lambda c, *_: c < num_chunks, body,
-        (tf.constant(0), tf.fill([batch], tf.constant(-np.inf, dtype)), tf.zeros([batch], dtype)))
-    return running_max + tf.math.log(running_sum) - math.log(num_samples)
+        (tf.constant(0), tf.fill([batch], tf.constant(-np.inf, dtype)), zeros,
+         *((zeros,) if return_effective_sample_size else ())))
+    log_likelihood = running_max + tf.math.log(running_sum) - math.log(num_samples)
+    if not return_effective_sample_size:
+        return log_likelihood
+    # (sum w)^2 / sum w^2: the common factor max^2 cancels.
+    return log_likelihood, tf.square(running_sum) / running_squares[0]
+
+
+class PosteriorChain(NamedTuple):
+    """The evaluation's chain on p(z | x). kept_states [kept, B, D]: the states after the burn-in,
+    whose mean and standard deviation make the HMC proposals; burn_in_states [burn_in, B, D] when
+    traced, else None; step_size: the step size of the kept iterations (the burn-in's last
+    adapted value, then frozen); burn_in_accept_rate (NaN without burn-in), kept_accept_rate:
+    the mean acceptance over chains and iterations of each phase."""
+
+    kept_states: tf.Tensor
+    burn_in_states: tf.Tensor | None
+    step_size: tf.Tensor
+    burn_in_accept_rate: tf.Tensor
+    kept_accept_rate: tf.Tensor
+
+
+def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, step_size: float,
+                        num_leapfrog_steps: int, seed: SeedLike, target_accept_rate: float = HMCConfig.target_accept_rate,
+                        adaptation_rate: float = HMCConfig.adaptation_rate, initial_state: tf.Tensor | None = None,
+                        trace_burn_in: bool = False) -> PosteriorChain:
+    """The evaluation's HMC chain on p(z | x), one per image x [B, 784]: ``burn_in`` iterations
+    that adapt the (shared, scalar) step size from ``step_size``, then ``kept`` iterations at the
+    step size the burn-in ended with, frozen, so that the kept states form a chain that leaves
+    p(z | x) invariant. Every chain starts at the encoder mean, or at ``initial_state`` [B, D]
+    (to diagnose convergence from other starts).
+
+    Raises: ValueError if burn_in is negative, kept is not positive, or initial_state is not [B, D].
+    """
+    if burn_in < 0:
+        raise ValueError(f"burn_in={burn_in!r} is invalid: must be a non-negative number of iterations")
+    loc, _ = model.encoder(x)
+    if initial_state is not None:
+        initial_state = tf.convert_to_tensor(initial_state, loc.dtype)
+        if not initial_state.shape.is_compatible_with(loc.shape):
+            raise ValueError(f"initial_state has shape {initial_state.shape}: expected {loc.shape} "
+                             f"(one start [B, D] per image)")
+    burn_seed, keep_seed = tf.unstack(split_seed(seed, 2))
+
+    def target(z):
+        return model.log_joint(x, z)
+
+    state = loc if initial_state is None else initial_state
+    burn_in_states, burn_in_accept_rate = None, tf.constant(np.nan, loc.dtype)
+    if burn_in > 0:
+        burn = hmc_chain(target, state, step_size, num_iterations=burn_in, num_leapfrog_steps=num_leapfrog_steps,
+                         seed=burn_seed, adapt_step_size=True, target_accept_rate=target_accept_rate,
+                         adaptation_rate=adaptation_rate, return_trace=trace_burn_in)
+        state, step_size, burn_in_accept_rate = burn.final_state, burn.step_size, burn.accept_rate
+        if trace_burn_in:
+            burn_in_states = burn.trace.states
+    sampled = hmc_chain(target, state, step_size, num_iterations=kept, num_leapfrog_steps=num_leapfrog_steps,
+                        seed=keep_seed, adapt_step_size=False, return_trace=True)
+    return PosteriorChain(sampled.trace.states, burn_in_states, sampled.step_size, burn_in_accept_rate,
+                          sampled.accept_rate)
 
 
 def hmc_posterior_moments(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, step_size: float,
                           num_leapfrog_steps: int, seed: SeedLike, target_accept_rate: float = HMCConfig.target_accept_rate,
                           adaptation_rate: float = HMCConfig.adaptation_rate) -> tuple[tf.Tensor, tf.Tensor]:
     """Mean and standard deviation [B, D] of ``kept`` HMC states of p(z | x), after ``burn_in``
-    adapting iterations, with every chain started at the encoder mean."""
-    loc, _ = model.encoder(x)
-    burn_seed, keep_seed = tf.unstack(split_seed(seed, 2))
-
-    def target(z):
-        return model.log_joint(x, z)
-
-    state = loc
-    if burn_in > 0:
-        burn = hmc_chain(target, loc, step_size, num_iterations=burn_in, num_leapfrog_steps=num_leapfrog_steps,
-                         seed=burn_seed, adapt_step_size=True, target_accept_rate=target_accept_rate,
-                         adaptation_rate=adaptation_rate)
-        state, step_size = burn.final_state, burn.step_size
-    sampled = hmc_chain(target, state, step_size, num_iterations=kept, num_leapfrog_steps=num_leapfrog_steps,
-                        seed=keep_seed, adapt_step_size=False, return_trace=True)
-    states = sampled.trace.states
+    adapting iterations, with every chain started at the encoder mean (``hmc_posterior_chain``)."""
+    states = hmc_posterior_chain(model, x, burn_in=burn_in, kept=kept, step_size=step_size,
+                                 num_leapfrog_steps=num_leapfrog_steps, seed=seed,
+                                 target_accept_rate=target_accept_rate, adaptation_rate=adaptation_rate).kept_states
     return tf.reduce_mean(states, axis=0), tf.math.reduce_std(states, axis=0)
 
 
@@ -202,16 +264,18 @@ def ais_log_likelihood(model: VAE, images: np.ndarray, hmc: HMCConfig, *, num_te
 
 
 class EvaluationResult(NamedTuple):
-    """mean_log_likelihood: average over the examples; per_example: [N] numpy array."""
+    """mean_log_likelihood: average over the examples; per_example: [N] numpy array;
+    effective_sample_size: [N] numpy array, each estimate's S_eff, when asked for, else None."""
 
     mean_log_likelihood: float
     per_example: np.ndarray
     proposal: str
     num_samples: int
+    effective_sample_size: np.ndarray | None = None
 
 
-def make_evaluator(model: VAE, evaluation: EvaluationConfig,
-                   hmc: HMCConfig) -> Callable[[np.ndarray, SeedLike], EvaluationResult]:
+def make_evaluator(model: VAE, evaluation: EvaluationConfig, hmc: HMCConfig, *,
+                   effective_sample_size: bool = False) -> Callable[[np.ndarray, SeedLike], EvaluationResult]:
     """A function ``(images [N, 784], seed) -> EvaluationResult`` computing the importance-sampled
     log-likelihood of the first ``evaluation.num_examples`` images (all when unset), in batches of
     ``evaluation.batch_size``. Its graph is traced once, so a run that evaluates itself
@@ -220,7 +284,11 @@ def make_evaluator(model: VAE, evaluation: EvaluationConfig,
     Batch ``k`` draws from ``fold_in(seed, k)`` alone, so batches can be computed in separate
     processes: ``evaluate(images, seed, done={k: estimates}, on_batch=save)`` takes the batches in
     ``done`` as they are (when their length fits) and hands each one it computes to ``on_batch``,
-    which is how a run killed during its final evaluation resumes it (``runs``)."""
+    which is how a run killed during its final evaluation resumes it (``runs``).
+
+    ``effective_sample_size=True`` also returns each estimate's importance weights' S_eff, from
+    the same samples (the estimates are the same numbers); ``done`` and ``on_batch`` then do not
+    apply (ValueError)."""
 
     @tf.function
     def estimate(x, batch_seed):
@@ -228,24 +296,33 @@ def make_evaluator(model: VAE, evaluation: EvaluationConfig,
         loc, scale = proposal_for(model, x, evaluation, hmc, seed=proposal_seed)
         return importance_sampled_log_likelihood(model.log_joint, x, loc, scale,
                                                  num_samples=evaluation.num_samples,
-                                                 chunk_size=evaluation.chunk_size, seed=sample_seed)
+                                                 chunk_size=evaluation.chunk_size, seed=sample_seed,
+                                                 return_effective_sample_size=effective_sample_size)
 
     def evaluate(images: np.ndarray, seed: SeedLike = 0, *, done: Mapping[int, np.ndarray] | None = None,
                  on_batch: Callable[[int, np.ndarray], None] | None = None) -> EvaluationResult:
+        if effective_sample_size and (done or on_batch is not None):
+            raise ValueError("done and on_batch resume an evaluation of estimates alone: "
+                             "they cannot be used with effective_sample_size=True")
         if evaluation.num_examples is not None:
             images = images[: evaluation.num_examples]
         done = done or {}
-        estimates = []
+        estimates, sizes = [], []
         for k, start in enumerate(range(0, len(images), evaluation.batch_size)):
             x = images[start: start + evaluation.batch_size]
             if k in done and done[k].shape == (len(x),):
                 estimates.append(done[k])
                 continue
-            estimates.append(estimate(tf.constant(x, tf.float32), fold_in(seed, k)).numpy())
+            result = estimate(tf.constant(x, tf.float32), fold_in(seed, k))
+            if effective_sample_size:
+                result, size = result
+                sizes.append(size.numpy())
+            estimates.append(result.numpy())
             if on_batch is not None:
                 on_batch(k, estimates[-1])
         per_example = np.concatenate(estimates)
-        return EvaluationResult(float(per_example.mean()), per_example, evaluation.proposal, evaluation.num_samples)
+        return EvaluationResult(float(per_example.mean()), per_example, evaluation.proposal, evaluation.num_samples,
+                                np.concatenate(sizes) if effective_sample_size else None)
 
     return evaluate
 

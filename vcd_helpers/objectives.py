@@ -1,4 +1,5 @@
-"""Training objectives: the reparameterised ELBO of the plain VAE, and the VCD surrogate losses.
+"""Training objectives: the reparameterised ELBO of the plain VAE, and the VCD surrogate losses;
+and, to read a trained model, the VCD divergence's two parts (the chain's gain, the scale term).
 
 Shapes: x [batch, 784]; per-example objectives [batch]. Losses are *summed* over the batch, as
 in the reference code, so learning rates are per-example rates.
@@ -6,10 +7,12 @@ in the reference code, so learning rates are per-example rates.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.hmc import HMCResult
+from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 
 tfd = tfp.distributions
@@ -20,14 +23,33 @@ def posterior_distribution(loc: tf.Tensor, scale: tf.Tensor) -> tfd.Distribution
     return tfd.Independent(tfd.Normal(loc, scale), reinterpreted_batch_ndims=1)
 
 
+def reparameterised_elbo(log_joint_fn: Callable[[tf.Tensor], tf.Tensor], loc: tf.Tensor, scale: tf.Tensor,
+                         noise: tf.Tensor) -> tf.Tensor:
+    """One-sample reparameterised ELBO per row: log p(z) - log q0(z) at z = loc + scale * noise.
+
+    ``log_joint_fn`` maps z [B, D] to the unnormalised log target [B] (log p(x, z) on the VAE,
+    log pi(z) on a toy); loc, scale, noise [B, D] (loc and scale may broadcast) -> [B]. Gradients
+    flow to loc and scale through z and through log q0. Its mean is log Z - KL(q0 || pi), Z the
+    target's normaliser.
+    """
+    z = loc + scale * noise
+    return log_joint_fn(z) - posterior_distribution(loc, scale).log_prob(z)
+
+
 def elbo(model: VAE, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """One-sample reparameterised ELBO per example: log p(x, z) - log q(z | x), z = loc + scale * eps.
 
     x [batch, 784] -> [batch]. Gradients flow to encoder and decoder through z.
     """
     loc, scale = model.encoder(x)
-    z = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=seed)
-    return model.log_joint(x, z) - posterior_distribution(loc, scale).log_prob(z)
+    return reparameterised_elbo(lambda z: model.log_joint(x, z), loc, scale,
+                                tf.random.stateless_normal(tf.shape(loc), seed=seed))
+
+
+def half_standardised_square(z: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    """1/2 sum_d ((z_d - loc_d) / scale_d)^2: z, loc, scale [B, D] (broadcastable) -> [B]. Its mean
+    under q0 = N(loc, diag scale^2) is D/2; it is the part of g(z) that depends on the encoder."""
+    return 0.5 * tf.reduce_sum(tf.square((z - loc) / scale), axis=-1)
 
 
 def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: tf.Tensor,
@@ -54,7 +76,7 @@ def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: 
     Returns (encoder_loss, g) with g = g(zT) [B] stopped, for the control variate.
     """
     zT = tf.stop_gradient(zT)
-    g = tf.stop_gradient(log_joint_zT) + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), axis=-1)
+    g = tf.stop_gradient(log_joint_zT) + half_standardised_square(zT, loc, scale)
     log_q0 = posterior_distribution(loc, scale).log_prob(tf.stop_gradient(z0))
     score = tf.stop_gradient(g - baseline) * log_q0
     pathwise = -(tf.stop_gradient(log_joint_z0)
@@ -85,3 +107,54 @@ def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Ten
     encoder_loss, g = encoder_surrogate_loss(loc, scale, z0, zT, chain.initial_log_prob, chain.initial_gradient,
                                              log_joint_zT, baseline)
     return encoder_loss, -tf.reduce_sum(log_likelihood_zT), g
+
+
+class VCDTerms(NamedTuple):
+    """The VCD divergence of a batch, split per example into its two parts (book/algorithm.md):
+
+        gain       = log p(x, zT) - log p(x, z0)                          [B], the chain's climb
+        scale_term = 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2 - D/2         [B]
+
+    Their sum's mean over the batch is a one-sample-per-example estimate of L_VCD
+    (``divergence``): -E_q0[log p(x, z0)] - D/2 + E_qT[g(zT)] with the terms regrouped.
+    """
+
+    gain: tf.Tensor
+    scale_term: tf.Tensor
+
+    @property
+    def divergence(self) -> tf.Tensor:
+        """gain + scale_term [B]: each example's estimate of L_VCD."""
+        return self.gain + self.scale_term
+
+
+def vcd_divergence_terms(loc: tf.Tensor, scale: tf.Tensor, log_joint_z0: tf.Tensor, zT: tf.Tensor,
+                         log_joint_zT: tf.Tensor) -> VCDTerms:
+    """The two parts of L_VCD (``VCDTerms``) from a chain's start and end.
+
+    loc, scale [B, D] (the q0 that z0 was drawn from); log_joint_z0 [B] = log p(x, z0); zT [B, D],
+    the chain's end; log_joint_zT [B] = log p(x, zT). Raises ValueError when zT is not [B, D].
+    """
+    zT = tf.convert_to_tensor(zT)
+    if zT.shape.rank != 2:
+        raise ValueError(f"zT has shape {zT.shape}: expected [batch, latent dims]")
+    dims = tf.cast(tf.shape(zT)[-1], zT.dtype)
+    return VCDTerms(gain=log_joint_zT - log_joint_z0,
+                    scale_term=half_standardised_square(zT, loc, scale) - 0.5 * dims)
+
+
+def sample_vcd_divergence_terms(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], loc: tf.Tensor,
+                                scale: tf.Tensor, noise: tf.Tensor, step_size: float | tf.Tensor, *,
+                                num_iterations: int, num_leapfrog_steps: int, seed: tf.Tensor,
+                                adapt_step_size: bool = True) -> VCDTerms:
+    """Draw z0 = loc + scale * noise, run ``hmc.hmc_chain`` on ``target_log_prob_fn`` to zT and
+    return ``vcd_divergence_terms`` of the pair: how VCD's objective reads a q0 (no gradients).
+
+    target_log_prob_fn: z [B, D] -> [B] (log p(x, z) of a batch of images, or a toy's log pi);
+    loc, scale, noise [B, D]; step_size the chain's initial one; the rest as ``hmc_chain``.
+    """
+    z0 = tf.stop_gradient(loc + scale * noise)
+    chain = hmc_chain(target_log_prob_fn, z0, step_size, num_iterations=num_iterations,
+                      num_leapfrog_steps=num_leapfrog_steps, seed=seed, adapt_step_size=adapt_step_size)
+    return vcd_divergence_terms(tf.stop_gradient(loc), tf.stop_gradient(scale), chain.initial_log_prob,
+                                chain.final_state, chain.final_log_prob)
