@@ -402,3 +402,51 @@ def test_an_evaluation_killed_between_batches_resumes_with_the_same_numbers(tmp_
     np.testing.assert_array_equal(np.load(run / f"{name}.npy"), np.load(tmp_path / "whole" / "run" / f"{name}.npy"))
     assert resumed["mean"] == whole["mean"] and resumed["seconds"] > 0
     assert not (run / runs.PARTIAL_DIR).exists()
+
+
+def _unfinished_copy(finished, tmp_path) -> Path:
+    """A copy of the finished run as it stands after training, before its final evaluation."""
+    run = _copy(finished, tmp_path)
+    for name in ("results.json", "per_example_log_likelihood.npy"):
+        (run / name).unlink()
+    shutil.rmtree(run / "model")
+    return run
+
+
+def test_a_damaged_launch_record_never_stops_a_run_from_finishing(tmp_path, finished, capsys):
+    run = _unfinished_copy(finished, tmp_path)
+    intact = (run / "launches.jsonl").read_text().splitlines()
+    with open(run / "launches.jsonl", "ab") as f:
+        f.write(b'{"t": "2\n\xff\xfe garbage\n[1, 2]\n')  # cut short; not UTF-8; not a record
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    _same_numbers(results, finished[1])
+    first = len(intact) + 1
+    damaged = f"line(s) {first}, {first + 1}, {first + 2} damaged and skipped"
+    assert any(damaged in warning for warning in results["warnings"]), results["warnings"]
+    assert damaged in capsys.readouterr().err
+    assert results["code"]["commits"] == finished[1]["code"]["commits"]  # from the intact lines
+
+
+def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finished, monkeypatch):
+    run = _unfinished_copy(finished, tmp_path)
+
+    def lost_disk(path):
+        raise OSError("the disk went away")
+    monkeypatch.setattr(runs, "read_metrics", lost_disk)  # read after the evaluation, before results.json
+    with pytest.raises(OSError, match="the disk went away"):
+        train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    monkeypatch.undo()
+    assert sorted(path.name for path in (run / "partial").glob("*/batch-*.npz")), "the evaluation's batches were lost"
+
+    computed = []
+    real_evaluator = runs.make_evaluator
+    def counting_evaluator(*args):
+        evaluate = real_evaluator(*args)
+        def counted(images, seed, *, done, on_batch):
+            return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
+        return counted
+    monkeypatch.setattr(runs, "make_evaluator", counting_evaluator)
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert computed == []  # every batch came from the saved ones
+    _same_numbers(results, finished[1])
+    assert not (run / "partial").exists()  # discarded once results.json was written

@@ -400,10 +400,32 @@ def _record_resume_check(run: RunDirectory, start_step: int, check: dict[str, An
           file=sys.stderr, flush=True)
 
 
-def read_launches(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """launches.jsonl of a results directory (empty when the run predates it)."""
+def read_launches(results_dir: str | os.PathLike, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """launches.jsonl of a results directory (empty when the run predates it).
+
+    A damaged line (cut short by a full disk, garbage bytes, not a launch record) loses only
+    that process's record: it is skipped and named, in a warning appended to ``warnings`` (and
+    printed) when a list is given. The run's numbers never depend on this file, so its damage
+    never stops a run from finishing."""
     path = Path(results_dir) / LAUNCHES_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    launches, damaged = [], []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            launch = json.loads(raw.decode("utf-8"))
+            if not isinstance(launch["code"]["commit"], (str, type(None))) or "dirty" not in launch["code"]:
+                raise TypeError
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            damaged.append(number)
+            continue
+        launches.append(launch)
+    if damaged and warnings is not None:
+        _warn(warnings, f"{path}: line(s) {', '.join(map(str, damaged))} damaged and skipped: the record of the "
+                        "process(es) that wrote them is lost; the run's numbers do not depend on it")
+    return launches
 
 
 def default_steps_per_call(config: Config) -> int:
@@ -521,15 +543,16 @@ def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: 
     if local_baseline is not None:  # one value per training image: how stale each one is, in chapter 7
         write_atomic(run.path / LOCAL_BASELINE_FILE, npy_bytes(local_baseline.numpy()))
 
-    evaluation, evaluation_seconds = _evaluate(trainer.model, config.evaluation, config, run.path,
-                                               int(trainer.step.numpy()))
+    evaluation, evaluation_seconds, discard_batches = _evaluate(trainer.model, config.evaluation, config, run.path,
+                                                                int(trainer.step.numpy()))
     write_atomic(run.path / PER_EXAMPLE_FILE, npy_bytes(evaluation.per_example.astype(np.float32)))
     try:
         metrics = read_metrics(run.path)
     except RunDirectoryError:  # metrics.csv was lost (a warning says so): nothing to summarise
         metrics = {"step": np.zeros([0], np.int64)}
-    launches = read_launches(run.path)
-    warnings = [w for launch in launches for w in launch.get("warnings", [])]
+    warnings: list[str] = []
+    launches = read_launches(run.path, warnings)
+    warnings = [w for launch in launches for w in launch.get("warnings", [])] + warnings
     loss = "decoder_loss" if "decoder_loss" in metrics else "loss"
     final_loss = float(metrics[loss][-1]) if len(metrics["step"]) else None
     mean = evaluation.mean_log_likelihood
@@ -566,6 +589,7 @@ def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: 
         "warnings": warnings,
     }
     write_atomic(run.results_file, json.dumps(results, indent=2) + "\n")
+    discard_batches()  # only now: a failure before this line resumes from the saved batches
     return results
 
 
@@ -587,11 +611,13 @@ def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:
 
 
 def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_dir: Path,
-              step: int) -> tuple[EvaluationResult, float]:
-    """The evaluation of the model at ``step``, and the seconds it took over every process that
-    worked on it. Each batch is saved as it finishes (in ``DIR/partial/``, removed at the end): the
-    full protocol takes tens of minutes on a CPU, and a run killed during it resumes from its last
-    batch with the same numbers (batch k's draws depend on the seed and k alone)."""
+              step: int) -> tuple[EvaluationResult, float, Callable[[], None]]:
+    """The evaluation of the model at ``step``, the seconds it took over every process that
+    worked on it, and a function that discards its saved batches. Each batch is saved as it
+    finishes (in ``DIR/partial/``): the full protocol takes tens of minutes on a CPU, and a run
+    killed during it resumes from its last batch with the same numbers (batch k's draws depend on
+    the seed and k alone). The caller discards the batches once what they serve is written, so
+    that a failure in between never costs the evaluation again."""
     key = {"evaluation": dataclasses.asdict(evaluation), "hmc": dataclasses.asdict(config.hmc),
            "seed": config.seed, "step": step}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -612,10 +638,12 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_
     images = load_binarized_mnist(evaluation.split)
     result = make_evaluator(model, evaluation, config.hmc)(images, config.seed, done=done, on_batch=save)
     seconds = clock.elapsed
-    shutil.rmtree(partial, ignore_errors=True)
-    with contextlib.suppress(OSError):  # other evaluations may still be in progress there
-        partial.parent.rmdir()
-    return result, seconds
+
+    def discard() -> None:
+        shutil.rmtree(partial, ignore_errors=True)
+        with contextlib.suppress(OSError):  # other evaluations may still be in progress there
+            partial.parent.rmdir()
+    return result, seconds, discard
 
 
 def _read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
@@ -750,10 +778,11 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     model, config, step = _restore_writable(results_dir)
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
     evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
-    result, seconds = _evaluate(model, evaluation, config, Path(results_dir), step)
-    record = _evaluation_record(result, evaluation)
-    return _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation), record, result.per_example, step,
-                            seconds)
+    result, seconds, discard_batches = _evaluate(model, evaluation, config, Path(results_dir), step)
+    record = _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation),
+                              _evaluation_record(result, evaluation), result.per_example, step, seconds)
+    discard_batches()
+    return record
 
 
 def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100, num_temperatures: int = 1000,
