@@ -115,10 +115,18 @@ def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, st
     p(z | x) invariant. Every chain starts at the encoder mean, or at ``initial_state`` [B, D]
     (to diagnose convergence from other starts).
 
-    Raises: ValueError if burn_in is negative, kept is not positive, or initial_state is not [B, D].
+    Returns a ``PosteriorChain``: kept_states [kept, B, D]; burn_in_states [burn_in, B, D] when
+    ``trace_burn_in`` (else None); the kept phase's step size and each phase's acceptance.
+    Raises: ValueError if burn_in is not an integer >= 0, kept is not an integer >= 1, step_size is
+    not a finite positive number (a tensor is taken as it is), or initial_state is not [B, D].
     """
-    if burn_in < 0:
+    if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
         raise ValueError(f"burn_in={burn_in!r} is invalid: must be a non-negative number of iterations")
+    check_positive_int("kept", kept)
+    if not isinstance(step_size, tf.Tensor) and (
+            isinstance(step_size, bool) or not isinstance(step_size, (int, float, np.number))
+            or not (math.isfinite(step_size) and step_size > 0)):
+        raise ValueError(f"step_size={step_size!r} is invalid: must be a finite positive number")
     loc, _ = model.encoder(x)
     if initial_state is not None:
         initial_state = tf.convert_to_tensor(initial_state, loc.dtype)
