@@ -3,9 +3,14 @@ and the status and collection steps work on a runs directory."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +136,74 @@ def test_the_runner_yields_to_interactive_work(tmp_path, monkeypatch, leads_its_
     # Its session's priority too, but only when the session is the runner's own (under setsid).
     assert autogroup.read_text() == (f"{runner.NICENESS}\n" if leads_its_session else "0\n")
     runner.yield_cores(tmp_path / "missing" / "autogroup")  # no autogroups on this kernel: nice alone
+
+
+def test_a_run_still_held_by_another_process_is_waited_for_not_failed(tmp_path, monkeypatch):
+    messages, started = [], []
+    work = runner.Runner(tmp_path, tmp_path, jobs=1, log=messages.append)
+    work.poll_seconds = 0.02
+    monkeypatch.setattr(work, "_call", lambda name, argv: started.append(argv[0]) or 1)
+    run = PLAN[-1]
+    held, release = threading.Event(), threading.Event()
+
+    def training_left_by_a_killed_runner():
+        with RunDirectory(tmp_path / "runs" / run.name).lock("a training still saving its checkpoint"):
+            held.set()
+            release.wait()
+    holder = threading.Thread(target=training_left_by_a_killed_runner)
+    holder.start()
+    held.wait()
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(work.work(run)))
+    worker.start()
+    time.sleep(0.3)
+    assert started == [] and messages == [
+        f"{run.name}: waiting for process {os.getpid()}: a training still saving its checkpoint, which holds its directory"]
+    release.set()
+    holder.join()
+    worker.join(timeout=10)
+    assert started == ["train"] and outcome[0].startswith("train exited 1")
+
+
+def _trainings(pid: int) -> list[int]:
+    """The runner's child processes running the package (not the snapshot's git and tar)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and b"vcd_helpers" in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return "(gone)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_runner_killed_with_9_leaves_no_training_running(tmp_path):
+    # The issue's probe: kill -9 of the runner left its trainings running, unmanaged.
+    process = subprocess.Popen([sys.executable, str(ROOT / "tools" / "run_experiments.py"), "--jobs", "1",
+                                "--only", PLAN[-1].name], env=os.environ | {"VCD_RUNS_DIR": str(tmp_path)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (trainings := _trainings(process.pid)) and time.monotonic() < deadline:
+        assert process.poll() is None, (tmp_path / "logs").exists() and list((tmp_path / "logs").iterdir())
+        time.sleep(0.2)
+    assert trainings, "the runner started no training within two minutes"
+    time.sleep(2)  # the training is importing TensorFlow, or past it: either way it must end
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 60
+    while any(map(_alive, trainings)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, trainings)), [(pid, _command(pid)) for pid in trainings if _alive(pid)]

@@ -7,7 +7,9 @@
 Every run is one ``python -m vcd_helpers train`` command (its options are in ``vcd_helpers.experiments.PLAN``) writing
 into RUNS/runs/NAME, outside the repository (RUNS: ``--runs-dir``, ``$VCD_RUNS_DIR`` or
 ``~/vcd-runs``); runs 1-3 are then evaluated with the two other proposals (``python -m
-vcd_helpers evaluate``). Started again after any stop (even ``kill -9`` of everything), the runner
+vcd_helpers evaluate``). Its trainings and evaluations die with it, however it dies (``kill -9``
+included: the kernel sends each a SIGTERM, on which it saves a checkpoint and exits), and a
+runner started while one of them is still saving waits for it. Started again after any stop (even ``kill -9`` of everything), the runner
 gives each unfinished run its original command, which resumes it exactly from its last checkpoint;
 finished work is skipped, and so is a run whose results are committed in results/NAME (a
 runs directory lost with a machine does not cost those runs again). It runs at a low priority
@@ -41,7 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vcd_helpers.config import Config  # noqa: E402  (the work tree's package: the plan and paths)
+from vcd_helpers.cli import SUPERVISOR_ENV  # noqa: E402  (the work tree's package: the plan and paths)
+from vcd_helpers.config import Config  # noqa: E402
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
 from vcd_helpers.experiments import PLAN, Run  # noqa: E402
 from vcd_helpers.runs import COMMITTED_RESULTS as RESULTS, RunDirectory, evaluation_file_name  # noqa: E402
@@ -127,8 +130,11 @@ class Runner:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         # Each job gets its share of the cores: two single-threaded runs keep two cores busier
         # than two runs that each try to use both.
+        # SUPERVISOR_ENV: every training and evaluation dies with this runner, however it dies (its
+        # worker thread, which the kernel watches, waits on the process to the end).
         self.env = os.environ | {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-                                 "TF_CPP_MIN_LOG_LEVEL": "3"}
+                                 "TF_CPP_MIN_LOG_LEVEL": "3", SUPERVISOR_ENV: str(os.getpid())}
+        self.poll_seconds = 5.0
         self.env.pop("PYTHONPATH", None)
 
     def _call(self, name: str, argv: list[str]) -> int:
@@ -144,9 +150,23 @@ class Runner:
             self.processes.discard(process)
         return code
 
+    def _wait_for_holder(self, run: Run, directory: Path) -> bool:
+        """Wait while another process holds the run's directory: a training of a runner killed a
+        moment ago (it saves its checkpoint and exits on the SIGTERM its runner's death sent), or
+        one started by hand. False when this runner is stopped meanwhile."""
+        announced = False
+        while (holder := RunDirectory(directory).holder()) is not None:
+            if self.stopping:
+                return False
+            if not announced:
+                self.log(f"{run.name}: waiting for {holder}, which holds its directory")
+                announced = True
+            time.sleep(self.poll_seconds)
+        return True
+
     def work(self, run: Run) -> str:
         directory = self.root / "runs" / run.name
-        if self.stopping:
+        if self.stopping or not self._wait_for_holder(run, directory):
             return "not started"
         code = self._call(run.name, ["train", "--results", str(directory), "--quiet", *run.options])
         if code and self.stopping:

@@ -310,7 +310,32 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Set by a supervisor (tools/run_experiments.py) to its process id: the command then dies with it.
+SUPERVISOR_ENV = "VCD_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_supervisor() -> None:
+    """When ``$VCD_SUPERVISOR_PID`` names this process's parent, have the kernel send this process
+    SIGTERM when the parent dies, however it dies (``kill -9`` included): a training then saves
+    its checkpoint and exits, so a killed runner leaves no training running unmanaged. Linux only
+    (prctl); elsewhere, and without the variable, it does nothing.
+
+    Raises SystemExit when the parent died before the request took effect (nothing was done yet)."""
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    if not supervisor or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_PDEATHSIG) failed, asked by {SUPERVISOR_ENV}={supervisor}")
+    if str(os.getppid()) != supervisor:  # the supervisor died before the request was made
+        raise SystemExit(f"error: the supervisor (process {supervisor}, {SUPERVISOR_ENV}) has gone: not starting")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_supervisor()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
