@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -450,3 +451,17 @@ def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finish
     assert computed == []  # every batch came from the saved ones
     _same_numbers(results, finished[1])
     assert not (run / "partial").exists()  # discarded once results.json was written
+
+
+@pytest.mark.parametrize("examples, message", [
+    ("0", "evaluation.num_examples=0 is invalid: must be a positive integer"),
+    ("10001", "evaluation.num_examples=10001 is invalid: the (test|valid) split has 10000 images"),
+])
+def test_ais_refuses_the_image_counts_plain_evaluation_refuses(tmp_path, finished, capsys, examples, message):
+    # It evaluated 100 images for --examples 0 and 10,000 for 10001, silently.
+    run = _copy(finished, tmp_path)
+    assert main(["evaluate", str(run), "--ais", "--examples", examples]) == 2
+    assert main(["evaluate", str(run), "--examples", examples]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(re.search(message, line) for line in err), err
+    assert not list(run.glob("evaluation-ais-*"))

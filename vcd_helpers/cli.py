@@ -301,7 +301,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from vcd_helpers.runs import evaluate_run, evaluate_run_ais
 
     if args.ais:
-        record = evaluate_run_ais(args.results, num_examples=args.examples or 100,
+        record = evaluate_run_ais(args.results, num_examples=100 if args.examples is None else args.examples,
                                   num_temperatures=args.temperatures, num_chains=args.chains)
     else:
         record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,

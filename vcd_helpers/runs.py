@@ -792,8 +792,9 @@ def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100,
     settings: an independent check of the importance-sampled number. Writes
     evaluation-ais-T{temperatures}-K{chains}-N{examples}.json and .npy; returns the record."""
     model, config, step = _restore_writable(results_dir)
-    check_positive_int("num_examples", num_examples)
-    images = load_binarized_mnist(config.evaluation.split)[:num_examples]
+    # The importance-sampling evaluation's own check: positive, and no more than the split holds.
+    evaluation = dataclasses.replace(config.evaluation, num_examples=num_examples)
+    images = load_binarized_mnist(evaluation.split)[:evaluation.num_examples]
     timed = time_calls(lambda: ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
                                                   num_chains=num_chains, seed=config.seed), repeats=1, warmup=0)
     per_example = timed.outputs[0]
