@@ -133,6 +133,33 @@ def test_checkpoints_are_found_without_their_index(tmp_path, finished):
     _same_numbers(results, finished[1])
 
 
+def test_a_garbled_checkpoint_index_is_rewritten_from_the_checkpoints(tmp_path, finished, capsys):
+    # The probe: printf '\xc2\x00x' > X/checkpoints/checkpoint stopped the resume with a codec error.
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    (run / "checkpoints" / "checkpoint").write_bytes(b"\xc2\x00x")
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    assert any("checkpoint was damaged" in w and "rewritten from the 2 checkpoint file(s)" in w
+               for w in results["warnings"]), results["warnings"]
+    assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 40
+    assert Path(tf.train.latest_checkpoint(str(run / "checkpoints"))).name == "ckpt-40"
+    _same_numbers(results, finished[1])
+
+
+@pytest.mark.parametrize("damage", ["no index", "truncated newest"])
+def test_evaluate_finds_and_falls_back_through_checkpoints_as_training_does(tmp_path, finished, damage):
+    # evaluate said "no checkpoint yet" beside ckpt-20 and ckpt-40, and did not fall back past a damaged one.
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    if damage == "no index":
+        (run / "checkpoints" / "checkpoint").unlink()
+    else:
+        data_file = run / "checkpoints" / "ckpt-40.data-00000-of-00001"
+        data_file.write_bytes(data_file.read_bytes()[:100])
+    _, _, step = runs.restore_model(run)
+    assert step == (40 if damage == "no index" else 20)
+
+
 def test_when_no_checkpoint_restores_the_run_is_refused_not_restarted(tmp_path, finished, config_file, capsys):
     run = _copy(finished, tmp_path)
     _unfinish(run)

@@ -355,18 +355,43 @@ def _newest_checkpoint_name(run: RunDirectory) -> str | None:
     return Path(files[max(files)]).name if files else None
 
 
-def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings: list[str]) -> str | None:
-    """Restore the newest checkpoint that restores, found from the index or, without one, from
-    the files; returns its path (None: no checkpoint, a fresh start). A damaged checkpoint is
-    skipped with a warning; a directory whose checkpoints all fail is an error, never a silent
-    restart from step 0 that would overwrite them."""
+def _repair_checkpoint_index(run: RunDirectory, warnings: list[str]) -> None:
+    """Rewrite the checkpoint index (``checkpoints/checkpoint``, which tf.train.CheckpointManager
+    reads) from the checkpoint files when it cannot be parsed: garbage in it stopped a run whose
+    checkpoints were all intact from resuming. Says so in a warning naming the file."""
+    index = run.checkpoint_dir / "checkpoint"
+    if not index.exists():
+        return
+    try:
+        tf.train.get_checkpoint_state(str(run.checkpoint_dir))
+        return
+    except Exception as error:  # text_format.ParseError, UnicodeDecodeError: whatever the damage
+        problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    files = _checkpoint_files(run)
+    if files:
+        tf.compat.v1.train.update_checkpoint_state(str(run.checkpoint_dir), files[max(files)],
+                                                    [files[step] for step in sorted(files)])
+    else:
+        index.unlink()
+    _warn(warnings, f"{index} was damaged ({problem}); rewritten from the {len(files)} checkpoint file(s) there")
+
+
+def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings: list[str], *,
+                    partial: bool = False) -> str | None:
+    """Restore the newest checkpoint that restores, found from its files (the index may be
+    missing or damaged); returns its path (None: no checkpoint, a fresh start). A damaged
+    checkpoint is skipped with a warning; a directory whose checkpoints all fail is an error,
+    never a silent restart from step 0 that would overwrite them. ``partial``: ``checkpoint``
+    names only some of what the files hold (an evaluation reading the model)."""
     candidates = _checkpoint_files(run)
     if not candidates:
         return None
     failures = []
     for step in sorted(candidates, reverse=True):
         try:
-            checkpoint.restore(candidates[step]).assert_existing_objects_matched()
+            status = checkpoint.restore(candidates[step]).assert_existing_objects_matched()
+            if partial:
+                status.expect_partial()  # no warning about what the file holds beyond the objects asked for
         except (tf.errors.OpError, ValueError, IndexError, AssertionError) as error:
             failures.append(f"{Path(candidates[step]).name} ({type(error).__name__}: {str(error).splitlines()[0]})")
             continue
@@ -490,8 +515,9 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     # Seconds spent training, the learning curve's evaluations left out: the run's own clock.
     wall_time = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="wall_time")
     checkpoint = tf.train.Checkpoint(trainer=trainer, wall_time=wall_time)
-    manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir, max_to_keep=KEPT_CHECKPOINTS)
     warnings: list[str] = []
+    _repair_checkpoint_index(run, warnings)
+    manager = tf.train.CheckpointManager(checkpoint, run.checkpoint_dir, max_to_keep=KEPT_CHECKPOINTS)
     restored = _restore_newest(checkpoint, run, warnings)
     start_step = int(trainer.step.numpy())
     if progress and restored:
@@ -723,12 +749,13 @@ def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.V
             raise RunDirectoryError(f"{run.model_prefix} lacks {', '.join(objects)}: it was written before the "
                                     f"final weights carried the chain's state ({error})") from None
         return None
-    latest = tf.train.latest_checkpoint(run.checkpoint_dir)
-    if latest is None:
-        raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
     step = tf.Variable(0, dtype=tf.int64)
-    # Matched by name inside the trainer: nothing else (optimiser slots) is built or read.
-    tf.train.Checkpoint(trainer=tf.train.Checkpoint(step=step, **objects)).restore(latest).expect_partial()
+    # Matched by name inside the trainer: nothing else (optimiser slots) is built or read. Found
+    # from the files, falling back past a damaged newest checkpoint as training does.
+    warnings: list[str] = []
+    if _restore_newest(tf.train.Checkpoint(trainer=tf.train.Checkpoint(step=step, **objects)), run, warnings,
+                       partial=True) is None:
+        raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
     return int(step.numpy())
 
 
