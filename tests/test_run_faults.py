@@ -269,13 +269,16 @@ def test_evaluate_checks_that_it_can_write_before_evaluating(tmp_path, finished,
 
 
 @pytest.mark.parametrize("contents, message", [
-    (b"[1, 2]", "holds a JSON list: it must hold an object"),
-    (b"\xff\xfe{}", "is not valid UTF-8 JSON"),
+    (b"[1, 2]", " holds a JSON list: it must hold an object"),
+    (b"\xff\xfe{}", " is not valid UTF-8 JSON"),
+    (b'{"evaluation": null}', ": configuration key 'evaluation' is a section: it takes an object of its keys "
+                              "(batch_size, burn_in, chunk_size, "),
+    (b'{"hmc": {"num_leapfrog_steps": 5}, "optimizer": 3}', ": configuration key 'optimizer' is a section"),
 ])
 def test_bad_config_files_name_the_file(tmp_path, capsys, contents, message):
     (tmp_path / "bad.json").write_bytes(contents)
     assert main(["train", "--config", str(tmp_path / "bad.json"), "--results", str(tmp_path / "run")]) == 2
-    assert f"config file '{tmp_path / 'bad.json'}' {message}" in _error(capsys)
+    assert f"config file '{tmp_path / 'bad.json'}'{message}" in _error(capsys)
     assert not (tmp_path / "run").exists()
 
 

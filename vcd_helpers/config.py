@@ -363,7 +363,10 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> d
             raise ValueError(
                 f"unknown configuration key {prefix + key!r}: allowed keys are {', '.join(sorted(merged))}"
             )
-        if isinstance(merged[key], dict) and isinstance(value, Mapping):
+        if isinstance(merged[key], dict):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"configuration key {prefix + key!r} is a section: it takes an object of its keys "
+                                 f"({', '.join(sorted(merged[key]))}), not {json.dumps(value)}")
             merged[key] = _merge(merged[key], value, prefix=f"{prefix}{key}.")
         else:
             merged[key] = value
@@ -395,7 +398,10 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
     if not isinstance(values, dict):
         raise ValueError(f"config file {str(path)!r} holds a JSON {type(values).__name__}: it must hold an "
                          "object of configuration keys, e.g. {\"batch_size\": 128}")
-    return _merge(Config().to_dict(), values, prefix="")
+    try:
+        return _merge(Config().to_dict(), values, prefix="")
+    except ValueError as error:
+        raise ValueError(f"config file {str(path)!r}: {error}") from None
 
 
 def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
