@@ -74,7 +74,9 @@ def test_a_stale_lock_left_by_a_killed_process_does_not_block(tmp_path, finished
 
 # 2, 7. damaged results.json of a finished run: evaluated again, with its metrics ---------------
 
-@pytest.mark.parametrize("damage", [b"", b"{\"name\": \"sm", b"\xff\xfe"])
+@pytest.mark.parametrize("damage", [b"", b"{\"name\": \"sm", b"\xff\xfe", b"{}", b"[]",
+                                    b'{"name": "x", "steps": 1, "ms_per_step": 1, "examples_per_second": 1, '
+                                    b'"test_log_likelihood": null}'])
 def test_a_damaged_results_file_is_rewritten_by_evaluating_again(tmp_path, finished, damage, capsys):
     run = _copy(finished, tmp_path)
     (run / "results.json").write_bytes(damage)

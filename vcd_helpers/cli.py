@@ -247,7 +247,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     strategy = build_strategy(config)  # before any other TensorFlow op
     _report_ready()
-    from vcd_helpers.runs import RunDirectory, train_run
+    from vcd_helpers.runs import SUMMARY_KEYS, RunDirectory, train_run
 
     if args.resume and RunDirectory(args.results).stored_config() is None:
         raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
@@ -258,7 +258,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     results = train_run(config, args.results, command=shlex.join(["python", "-m", "vcd_helpers", *argv]),
                         progress=not args.quiet, jit_compile=False if args.no_xla else None,
                         steps_per_call=args.steps_per_call, strategy=strategy, chain_shards=args.chain_shards)
-    summary = {k: results[k] for k in ("name", "steps", "ms_per_step", "examples_per_second", "test_log_likelihood")}
+    summary = {k: results[k] for k in SUMMARY_KEYS}
     print(json.dumps(summary, indent=2))
     return 0
 

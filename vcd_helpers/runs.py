@@ -79,6 +79,8 @@ LOCK_FILE = ".lock"
 PARTIAL_DIR = "partial"
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
+#: What the training command prints of a finished run's results.json: without them it is damaged.
+SUMMARY_KEYS = ("name", "steps", "ms_per_step", "examples_per_second", "test_log_likelihood")
 CURVE_COLUMNS = ["step", "epoch", "train_seconds", "log_likelihood", "standard_error", "num_examples",
                  "num_samples", "proposal", "eval_seconds"]
 KEPT_CHECKPOINTS = 3
@@ -191,16 +193,20 @@ class RunDirectory:
                 "it (e.g. from a copy of the run), or train into a new --results directory") from None
 
     def stored_results(self) -> dict[str, Any] | None:
-        """results.json of a finished run; None when absent or damaged (the run is then evaluated again)."""
+        """results.json of a finished run; None when absent or damaged: not JSON, or not an object
+        holding ``SUMMARY_KEYS`` with a test mean (the run is then evaluated again, with a warning)."""
         try:
             results = json.loads(self.results_file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (ValueError, UnicodeDecodeError):
-            print(f"warning: {self.results_file} is damaged; evaluating the finished run again to rewrite it",
-                  file=sys.stderr, flush=True)
-            return None
-        return results if isinstance(results, dict) else None
+            results = None
+        if isinstance(results, dict) and all(key in results for key in SUMMARY_KEYS) and isinstance(
+                results["test_log_likelihood"], dict) and "mean" in results["test_log_likelihood"]:
+            return results
+        print(f"warning: {self.results_file} is damaged; evaluating the finished run again to rewrite it",
+              file=sys.stderr, flush=True)
+        return None
 
     def claim(self, config: Config) -> None:
         """Make the directory this run's, or raise RunDirectoryError if it holds another run.
