@@ -109,7 +109,8 @@ class EmulatedLoop:
     """``call(k)`` runs k training steps on ``device`` in one host call; see ``emulated_training_loop``.
 
     ``batch_bytes``: bytes of one batch (the infeed moves k of them per call); ``metric_bytes``:
-    bytes of one step's metrics (the outfeed moves k of them per call)."""
+    bytes of one step's metrics (the outfeed moves k of them per call). The same compiled loop on
+    another device: ``dataclasses.replace(emulated, device=EmulatedDevice(...))`` (no new trace)."""
 
     device: EmulatedDevice
     loop: Callable[[Iterator, tf.Tensor], dict[str, tf.Tensor]]
@@ -151,16 +152,19 @@ def per_step_model(k: np.ndarray | int, call_latency: float, step_time: float, *
 
 
 def fit_per_call(k: np.ndarray, seconds_per_step: np.ndarray, known_latency: np.ndarray) -> tuple[float, float]:
-    """Least-squares fit of per-call time = known_latency + λ₀ + k τ over measured points.
+    """Fit seconds per step = (known_latency + λ₀) / k + τ to measured points.
 
     ``k``, ``seconds_per_step`` and ``known_latency`` (the emulated part of each point's per-call
-    cost, seconds): [n] arrays, n >= 2 with at least two different k. Returns (τ, λ₀): the step
-    time and the per-call cost the machine adds by itself, in seconds. Raises ValueError for
-    mismatched shapes or fewer than two distinct k."""
+    cost, seconds): [n] arrays with at least two different k. Least squares in the per-step time:
+    t - known_latency / k = τ + λ₀ / k, a line in 1/k, each point weighted alike. Returns (τ, λ₀):
+    the step time and the per-call cost the machine adds by itself, in seconds. Raises ValueError
+    for mismatched shapes, k < 1 or fewer than two distinct k."""
     k, t, known = (np.asarray(a, dtype=np.float64) for a in (k, seconds_per_step, known_latency))
     if not k.shape == t.shape == known.shape or k.ndim != 1:
         raise ValueError(f"shapes {k.shape}, {t.shape}, {known.shape} are invalid: need three [n] arrays")
+    if np.any(k < 1):
+        raise ValueError(f"k={k.tolist()!r} is invalid: steps per call must be >= 1")
     if len(np.unique(k)) < 2:
         raise ValueError(f"k={k.tolist()!r} is invalid: the fit needs at least two different k")
-    slope, intercept = np.polyfit(k, t * k - known, 1)
-    return float(slope), float(intercept)
+    own_latency, step_time = np.polyfit(1 / k, t - known / k, 1)
+    return float(step_time), float(own_latency)
