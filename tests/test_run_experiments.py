@@ -207,3 +207,30 @@ def test_a_runner_killed_with_9_leaves_no_training_running(tmp_path):
     while any(map(_alive, trainings)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(map(_alive, trainings)), [(pid, _command(pid)) for pid in trainings if _alive(pid)]
+
+
+@pytest.mark.parametrize("file, damage, shown", [
+    ("config.json", b"{not json", "is damaged (Expecting"),
+    ("metrics.csv", b"step,wall_time,loss\n100,5.0,1\n\xff,x\n", "is damaged (UnicodeDecodeError: "),
+    ("metrics.csv", b"step,wall_time,loss\n100,5.0,1\n200,x,1\n", "is damaged (ValueError: "),
+    ("learning_curve.csv", b"step,epoch\n5000,10\n", "is damaged (IndexError: "),
+])
+def test_status_names_a_damaged_run_and_shows_the_others(tmp_path, monkeypatch, file, damage, shown):
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    run = PLAN[0]
+    directory = tmp_path / "runs" / run.name
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(_config(run).to_json())
+    (directory / "metrics.csv").write_text("step,wall_time,loss\n100,5.0,1\n200,10.0,1\n")
+    (directory / file).write_bytes(damage)
+    lines = runner.status(tmp_path).splitlines()
+    assert lines[2].startswith(f"{run.name} ") and f"damaged    {directory / file} {shown}" in lines[2], lines[2]
+    assert sum("pending" in line for line in lines) == len(PLAN) - 1  # the others are still shown
+    assert not runner._is_done(run, directory)
+
+
+def test_a_runs_directory_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "run_experiments.py"), "--runs-dir",
+                           str(tmp_path / "file"), "--status"], capture_output=True, text=True)
+    assert done.returncode == 2 and f"the runs directory {tmp_path / 'file'} (--runs-dir" in done.stderr

@@ -44,10 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vcd_helpers.cli import SUPERVISOR_ENV  # noqa: E402  (the work tree's package: the plan and paths)
-from vcd_helpers.config import Config  # noqa: E402
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
 from vcd_helpers.experiments import PLAN, Run  # noqa: E402
-from vcd_helpers.runs import COMMITTED_RESULTS as RESULTS, RunDirectory, evaluation_file_name  # noqa: E402
+from vcd_helpers.runs import (COMMITTED_RESULTS as RESULTS, RunDirectory, RunDirectoryError,  # noqa: E402
+                              evaluation_file_name)
 
 SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
                "per_example_log_likelihood.npy", "local_baseline.npy", "resume_checks.jsonl")
@@ -73,7 +73,12 @@ def _missing_evaluations(run: Run, directory: Path) -> list[str]:
 
 
 def _is_done(run: Run, directory: Path) -> bool:
-    return _read_json(directory / "results.json") is not None and not _missing_evaluations(run, directory)
+    """Finished and evaluated; a run whose config.json is damaged is not (its training command then
+    names the file, and the runner logs that and goes on with the other runs)."""
+    try:
+        return _read_json(directory / "results.json") is not None and not _missing_evaluations(run, directory)
+    except RunDirectoryError:
+        return False
 
 
 def _is_committed(run: Run) -> bool:
@@ -244,38 +249,56 @@ def status(root: Path) -> str:
     lines = [f"runs in {root / 'runs'}; CPU {cpu_model()}",
              f"{'run':<{width}} {'state':<10} {'epoch':>11} {'ms/step':>8} {'curve LL':>9} {'left':>6}  finish"]
     for run in PLAN:
-        directory = root / "runs" / run.name
-        config_path = directory / "config.json"
-        results = _read_json(directory / "results.json")
-        holder = RunDirectory(directory).holder()
-        if not config_path.exists():
-            lines.append(f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}")
-            continue
-        config = Config.from_dict(json.loads(config_path.read_text()))
+        try:
+            lines.append(_status_line(run, root / "runs" / run.name, width))
+        except RunDirectoryError as error:  # one damaged run must not hide where the others stand
+            lines.append(f"{run.name:<{width}} {'damaged':<10} {error}")
+    lines.append("left/finish: training and curve evaluations still to run at the recent speed (the final "
+                 "evaluations come on top)")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """Re-raise what a damaged file's contents raise as RunDirectoryError naming the file."""
+    try:
+        yield
+    except (ValueError, IndexError, ZeroDivisionError) as error:
+        raise RunDirectoryError(f"{path} is damaged ({type(error).__name__}: {error})") from None
+
+
+def _status_line(run: Run, directory: Path, width: int) -> str:
+    """``status``'s line for one run. Raises RunDirectoryError naming a damaged config.json,
+    metrics.csv or learning_curve.csv."""
+    results = _read_json(directory / "results.json")
+    holder = RunDirectory(directory).holder()
+    config = RunDirectory(directory).stored_config()
+    if config is None:
+        return f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}"
+    with _naming(directory / "metrics.csv"):
         rows = _tail_rows(directory / "metrics.csv", 6)
         step = int(rows[-1][0]) if rows else 0
         ms = (sorted(1000 * (float(b[1]) - float(a[1])) / (int(b[0]) - int(a[0])) for a, b in zip(rows, rows[1:]))
               if len(rows) > 1 else [])
-        ms_per_step = ms[len(ms) // 2] if ms else float("nan")
+    ms_per_step = ms[len(ms) // 2] if ms else float("nan")
+    with _naming(directory / "learning_curve.csv"):
         curve = _tail_rows(directory / "learning_curve.csv", 1)
         curve_ll = f"{float(curve[-1][3]):.2f}" if curve else "-"
-        epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"
-        if _is_done(run, directory):
-            state, left = "done", 0.0
-        else:
-            # After the last step a run is evaluating: its final estimate, then (runs 1-3) the other proposals.
-            evaluating = results is not None or step >= config.num_steps
-            state = ("evaluating" if evaluating else "training") if holder else ("stopped" if step else "starting")
-            curve_left = ((config.num_steps - step) // config.curve_every_steps * float(curve[-1][8])
-                          if curve and config.curve_every_steps else 0.0)
-            left = (config.num_steps - step) * ms_per_step / 1000 + curve_left if ms else float("nan")
-        finish = (f"{datetime.now() + timedelta(seconds=left):%a %H:%M}" if holder and left == left else "")
-        left_text = "" if left != left else _format_duration(left)
-        ms_text = f"{ms_per_step:.1f}" if ms else "-"
-        lines.append(f"{run.name:<{width}} {state:<10} {epoch:>11} {ms_text:>8} {curve_ll:>9} {left_text:>6}  {finish}")
-    lines.append("left/finish: training and curve evaluations still to run at the recent speed (the final "
-                 "evaluations come on top)")
-    return "\n".join(lines)
+        curve_seconds = float(curve[-1][8]) if curve else 0.0
+    epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"
+    if _is_done(run, directory):
+        state, left = "done", 0.0
+    else:
+        # After the last step a run is evaluating: its final estimate, then (runs 1-3) the other proposals.
+        evaluating = results is not None or step >= config.num_steps
+        state = ("evaluating" if evaluating else "training") if holder else ("stopped" if step else "starting")
+        curve_left = ((config.num_steps - step) // config.curve_every_steps * curve_seconds
+                      if config.curve_every_steps else 0.0)
+        left = (config.num_steps - step) * ms_per_step / 1000 + curve_left if ms else float("nan")
+    finish = (f"{datetime.now() + timedelta(seconds=left):%a %H:%M}" if holder and left == left else "")
+    left_text = "" if left != left else _format_duration(left)
+    ms_text = f"{ms_per_step:.1f}" if ms else "-"
+    return f"{run.name:<{width}} {state:<10} {epoch:>11} {ms_text:>8} {curve_ll:>9} {left_text:>6}  {finish}"
 
 
 NICENESS = 10
@@ -308,6 +331,8 @@ def main() -> int:
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs} is invalid: must be a positive integer")
     root = runs_dir(args.runs_dir)
+    if root.exists() and not root.is_dir():
+        parser.error(f"the runs directory {root} (--runs-dir, $VCD_RUNS_DIR or ~/vcd-runs) is a file: give a directory")
     if args.status:
         print(status(root))
         return 0
