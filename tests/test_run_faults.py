@@ -362,6 +362,19 @@ def test_a_deleted_metrics_file_is_reported(tmp_path, finished):
     assert any("metrics.csv was missing: its rows up to step 40 are lost" in w for w in results["warnings"])
 
 
+@pytest.mark.parametrize("kept_rows", [0, 1])
+def test_metrics_rows_lost_before_the_checkpoint_are_reported(tmp_path, finished, kept_rows):
+    # The probe: metrics.csv cut back to its header; the resume said nothing and results.json got
+    # final_metrics {}.
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    lines = (run / "metrics.csv").read_text().splitlines()
+    (run / "metrics.csv").write_text("\n".join(lines[: 1 + kept_rows]) + "\n")
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    expected = f"metrics.csv holds {kept_rows} of its {len(lines) - 1} row(s) up to step 40: the others are lost"
+    assert any(expected in warning for warning in results["warnings"]), results["warnings"]
+
+
 def test_an_infinite_spread_is_written_as_valid_json():
     result = runs.EvaluationResult(-np.inf, np.array([-np.inf, -1.0]), "encoder", 10)
     record = runs._evaluation_record(result, load_config("smoke").evaluation)

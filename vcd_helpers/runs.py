@@ -252,6 +252,13 @@ def keep_rows_up_to(path: Path, columns: list[str], step: int) -> list[list[str]
     return [row for _, row in rows[1:] if int(row[0]) > step]
 
 
+def _rows_up_to(path: Path, step: int) -> int:
+    """How many rows of a CSV file (first column: step) are at or before ``step``; damaged rows
+    do not count (``keep_rows_up_to`` names them)."""
+    with open(path, newline="", errors="replace") as f:
+        return sum(1 for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step)
+
+
 class MetricsLog:
     """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics.
 
@@ -531,6 +538,10 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     if start_step and not run.metrics_file.exists():
         _warn(warnings, f"{run.metrics_file} was missing: its rows up to step {start_step} are lost (TensorBoard "
                         f"events in {run.tensorboard_dir} still hold them); logging continues from there")
+    elif start_step and (kept := _rows_up_to(run.metrics_file, start_step)) < start_step // config.log_every_steps:
+        _warn(warnings, f"{run.metrics_file} holds {kept} of its {start_step // config.log_every_steps} row(s) up to "
+                        f"step {start_step}: the others are lost (TensorBoard events in {run.tensorboard_dir} still "
+                        "hold them); logging continues from there")
     _record_launch(run, start_step, command, warnings, getattr(trainer, "chain_shards", None))
 
     images = load_binarized_mnist("train")[: config.train_examples]
