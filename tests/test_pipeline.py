@@ -196,3 +196,123 @@ def test_bad_strategy_input_is_a_clear_error(monkeypatch):
 # The training command with two workers over loopback (MultiWorkerMirroredStrategy, all-reducing over
 # gRPC on 127.0.0.1; bit-equal metrics on both workers prove the reduction ran) is tested where
 # chapter 6 runs it: its cells launch the two processes and assert exactly that under nbval.
+
+
+# Emulated stages: the real schedules with stand-in tasks of known duration.
+
+def _exact_span(schedule, num_stages, num_micro_batches, forward, backward):
+    """A discrete-event reference: every task starts when its device is free and its inputs exist."""
+    order = pipeline.execution_order(schedule, num_stages, num_micro_batches)
+    queues = [order] if schedule == "sequential" else pipeline.device_orders(schedule, num_stages, num_micro_batches)
+    end, free = {}, [0.0] * len(queues)
+    for task in order:  # execution_order respects every queue's order and the dependencies
+        queue = next(q for q, tasks in enumerate(queues) if task in tasks)
+        deps = [] if schedule == "sequential" else pipeline._dependencies(task, num_stages)
+        end[task] = max([free[queue]] + [end[d] for d in deps]) + (forward if task.kind == "F" else backward)
+        free[queue] = end[task]
+    return max(end.values())
+
+
+@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+def test_schedule_time_formula_is_the_exact_span_of_a_balanced_pipeline(schedule):
+    for num_stages in range(1, 6):
+        for num_micro_batches in range(1, 9):
+            for forward, backward in ((1.0, 1.0), (1.0, 2.0), (3.0, 0.5)):
+                exact = _exact_span(schedule, num_stages, num_micro_batches, forward, backward)
+                model = pipeline.schedule_time(schedule, num_stages, num_micro_batches, forward, backward)
+                assert model == pytest.approx(exact), (schedule, num_stages, num_micro_batches, forward, backward)
+
+
+@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+def test_in_flight_formula_counts_the_schedules_orders(schedule):
+    for num_stages in range(1, 6):
+        for num_micro_batches in range(1, 9):
+            orders = pipeline.device_orders(schedule, num_stages, num_micro_batches)
+            assert pipeline.in_flight_micro_batches(orders) == pipeline.in_flight_formula(
+                schedule, num_stages, num_micro_batches), (num_stages, num_micro_batches)
+    assert pipeline.in_flight_formula("interleaved", 4, 8) == [4, 3, 2, 1]
+    assert pipeline.in_flight_formula("interleaved", 4, 2) == [2, 2, 2, 1]
+    assert pipeline.in_flight_formula("grouped", 3, 5) == [5, 5, 5]
+
+
+def test_bubble_fraction_is_the_idle_share_of_the_exact_span():
+    assert pipeline.bubble_fraction(3, 4) == pytest.approx(1 / 3)
+    assert pipeline.bubble_fraction(1, 7) == 0.0
+    for num_stages, num_micro_batches in ((2, 1), (3, 4), (4, 16), (5, 3)):
+        span = _exact_span("grouped", num_stages, num_micro_batches, 1.0, 2.0)
+        busy = num_micro_batches * 3.0  # per device
+        assert 1 - busy / span == pytest.approx(pipeline.bubble_fraction(num_stages, num_micro_batches))
+
+
+def test_timeline_idle_share_and_in_flight_from_timestamps():
+    T = pipeline.Task
+    # Two stages, one micro-batch each way, times in seconds: stage 0 busy 1 + 1 of a span of 4.
+    tasks = [T("F", 0, 0), T("F", 1, 0), T("B", 1, 0), T("B", 0, 0)]
+    timeline = pipeline.Timeline(tasks, np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0]))
+    assert timeline.num_stages == 2
+    assert timeline.busy_fraction() == [0.5, 0.5]
+    assert timeline.idle_fraction() == pytest.approx(0.5)
+    assert timeline.peak_in_flight() == [1, 1]
+    # In-flight counts follow the order tasks *started*, not the list's order.
+    tasks = [T("F", 0, 0), T("B", 0, 0), T("F", 0, 1), T("B", 0, 1)]
+    started = pipeline.Timeline(tasks, np.array([0.0, 2.0, 1.0, 3.0]), np.array([1.0, 3.0, 2.0, 4.0]))
+    assert started.peak_in_flight() == [2]
+    assert started.idle_fraction() == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("schedule", pipeline.SCHEDULES)
+def test_emulated_schedule_runs_the_real_orders_and_dependencies(schedule):
+    num_stages, num_micro_batches, forward, backward = 3, 4, 0.004, 0.008
+    timeline = pipeline.emulate_schedule(schedule, num_stages, num_micro_batches, forward, backward)
+    assert timeline.tasks == pipeline.execution_order(schedule, num_stages, num_micro_batches)
+    start = dict(zip(timeline.tasks, timeline.start))
+    end = dict(zip(timeline.tasks, timeline.end))
+    assert min(start.values()) == 0.0
+    for task in timeline.tasks:  # each task waited its duration, after the tasks it reads
+        assert end[task] - start[task] >= (forward if task.kind == "F" else backward) * 0.999
+        for dependency in pipeline._dependencies(task, num_stages):
+            assert start[task] >= end[dependency]
+    for order in pipeline.device_orders(schedule, num_stages, num_micro_batches):  # each device in its order
+        for before, after in zip(order, order[1:]):
+            assert start[after] >= end[before]
+    if schedule == "sequential":
+        ranked = sorted(timeline.tasks, key=start.get)
+        assert ranked == timeline.tasks and all(start[b] >= end[a] for a, b in zip(ranked, ranked[1:]))
+    assert timeline.peak_in_flight() == pipeline.in_flight_formula(schedule, num_stages, num_micro_batches)
+    # Waits do not shorten: no step beats the model of its schedule.
+    assert timeline.span >= 0.999 * pipeline.schedule_time(schedule, num_stages, num_micro_batches, forward, backward)
+
+
+def test_emulated_stages_overlap_across_devices():
+    """Under grouped, stage 1's forward of micro-batch 0 runs while stage 0 runs micro-batch 1's:
+    the devices' waits overlap (30 ms each, so a few ms of thread latency cannot hide it)."""
+    timeline = pipeline.emulate_schedule("grouped", 2, 2, 0.03, 0.03)
+    T = pipeline.Task
+    start, end = (dict(zip(timeline.tasks, a)) for a in (timeline.start, timeline.end))
+    assert start[T("F", 1, 0)] < end[T("F", 0, 1)] and start[T("F", 0, 1)] < end[T("F", 1, 0)]
+    assert timeline.idle_fraction() < 0.5  # serialised, two stages would idle half the span
+
+
+def test_emulated_stages_take_a_duration_per_stage():
+    timeline = pipeline.emulate_schedule("interleaved", 2, 2, [0.002, 0.02], [0.002, 0.002])
+    durations = {task: b - a for task, a, b in zip(timeline.tasks, timeline.start, timeline.end)}
+    assert durations[pipeline.Task("F", 1, 0)] >= 0.02 and durations[pipeline.Task("F", 0, 0)] < 0.02
+
+
+@pytest.mark.parametrize("args, message", [
+    (("pipelined", 3, 4, 0.0, 0.0), "schedule='pipelined'"),
+    (("grouped", 0, 4, 0.0, 0.0), "num_stages=0"),
+    (("grouped", 3, 0, 0.0, 0.0), "num_micro_batches=0"),
+    (("grouped", 3, 4, -0.1, 0.0), "forward_seconds=-0.1"),
+    (("grouped", 3, 4, 0.0, [0.1, 0.1]), r"backward_seconds=\[0.1, 0.1\].*one per stage \(3\)"),
+    (("grouped", 3, 4, float("nan"), 0.0), "forward_seconds=nan"),
+])
+def test_bad_emulation_input_is_a_clear_error(args, message):
+    with pytest.raises(ValueError, match=message):
+        pipeline.emulate_schedule(*args)
+    with pytest.raises(ValueError, match="schedule='1f1b'"):
+        pipeline.schedule_time("1f1b", 3, 4, 1.0, 1.0)
+    with pytest.raises(ValueError, match="num_micro_batches=0"):
+        pipeline.in_flight_formula("grouped", 3, 0)
+    with pytest.raises(ValueError, match="num_stages=0"):
+        pipeline.bubble_fraction(0, 4)

@@ -30,10 +30,17 @@ A *schedule* fixes the order of the tasks (forward or backward of a stage on a m
 each device; the step's graph enforces it with control dependencies, and TensorFlow runs tasks
 on different devices concurrently. Each task records ``tf.timestamp()`` when it starts and ends,
 which gives the measured timeline (``Timeline``) of a step.
+
+``emulate_schedule`` runs the same schedules with stand-in stages whose durations are known (host
+waits), to measure a schedule's bubble, time and memory against their formulas
+(``bubble_fraction``, ``schedule_time``, ``in_flight_formula``) on a machine with few cores.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -209,12 +216,105 @@ class Timeline(NamedTuple):
     def span(self) -> float:
         return float(self.end.max())
 
+    @property
+    def num_stages(self) -> int:
+        return 1 + max(task.stage for task in self.tasks)
+
     def busy_fraction(self) -> list[float]:
         """Per stage: the fraction of the step's span its device spent running tasks."""
-        busy = [0.0] * NUM_STAGES
+        busy = [0.0] * self.num_stages
         for task, a, b in zip(self.tasks, self.start, self.end):
             busy[task.stage] += b - a
         return [b / self.span for b in busy]
+
+    def idle_fraction(self) -> float:
+        """The pipeline's measured bubble: the share of (stages x span) in which a device ran no task."""
+        return 1.0 - sum(self.busy_fraction()) / self.num_stages
+
+    def peak_in_flight(self) -> list[int]:
+        """Per stage: the most micro-batches between their forward's start and their backward's end,
+        in the order the tasks actually started (``in_flight_micro_batches`` of the measured order)."""
+        ran = sorted(zip(self.start, range(len(self.tasks)), self.tasks))
+        return in_flight_micro_batches([[task for _, _, task in ran if task.stage == s] for s in range(self.num_stages)])
+
+
+def _stage_seconds(name: str, value: float | Sequence[float], num_stages: int) -> list[float]:
+    values = [value] * num_stages if np.ndim(value) == 0 else list(value)
+    if len(values) != num_stages or not all(np.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"{name}={value!r} is invalid: must be a number of seconds >= 0, or one per stage "
+                         f"({num_stages})")
+    return [float(v) for v in values]
+
+
+def emulate_schedule(schedule: str, num_stages: int, num_micro_batches: int,
+                     forward_seconds: float | Sequence[float], backward_seconds: float | Sequence[float]) -> Timeline:
+    """Run ``schedule`` with emulated stages whose durations are known, and measure its timeline.
+
+    One host thread per stage's device walks that device's ``device_orders`` list; each task waits
+    until the tasks it reads (``_dependencies``, as in the real step) have ended, then *is* a wait
+    of ``forward_seconds`` or ``backward_seconds`` (``time.sleep``, which releases the CPU, so the
+    P devices overlap as P accelerators would, whatever the number of cores). The sequential
+    schedule runs ``execution_order`` in one thread, as the real step serialises it. Durations are
+    one number for every stage, or one per stage.
+
+    Returns the measured ``Timeline`` (tasks in ``execution_order``; real clock, so it includes the
+    threads' wake-up latency). Raises ValueError for an unknown schedule, a non-positive number of
+    stages or micro-batches, or a negative or non-finite duration.
+    """
+    check_positive_int("num_stages", num_stages)
+    check_positive_int("num_micro_batches", num_micro_batches)
+    forward = _stage_seconds("forward_seconds", forward_seconds, num_stages)
+    backward = _stage_seconds("backward_seconds", backward_seconds, num_stages)
+    order = execution_order(schedule, num_stages, num_micro_batches)  # validates; raises on a deadlock
+    ended = {task: threading.Event() for task in order}
+    times: dict[Task, tuple[float, float]] = {}
+
+    def work(tasks: list[Task]) -> None:
+        for task in tasks:
+            for dependency in _dependencies(task, num_stages):
+                ended[dependency].wait()
+            start = time.perf_counter()
+            time.sleep((forward if task.kind == "F" else backward)[task.stage])
+            times[task] = (start, time.perf_counter())
+            ended[task].set()
+
+    queues = [order] if schedule == "sequential" else device_orders(schedule, num_stages, num_micro_batches)
+    threads = [threading.Thread(target=work, args=(tasks,), daemon=True) for tasks in queues]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    start, end = (np.array([times[task][k] for task in order]) for k in (0, 1))
+    origin = start.min()
+    return Timeline(order, start - origin, end - origin)
+
+
+def schedule_time(schedule: str, num_stages: int, num_micro_batches: int, forward_seconds: float,
+                  backward_seconds: float) -> float:
+    """The model of a balanced pipeline's step time (every stage's forward takes ``forward_seconds``, its
+    backward ``backward_seconds``): sequential P M (f + b); grouped and interleaved (M + P - 1)(f + b)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    check_positive_int("num_stages", num_stages)
+    check_positive_int("num_micro_batches", num_micro_batches)
+    task_pair = forward_seconds + backward_seconds
+    if schedule == "sequential":
+        return num_stages * num_micro_batches * task_pair
+    return (num_micro_batches + num_stages - 1) * task_pair
+
+
+def in_flight_formula(schedule: str, num_stages: int, num_micro_batches: int) -> list[int]:
+    """Per stage s, the micro-batches a schedule keeps in flight at its peak, by formula:
+    sequential 1; grouped M; interleaved (1F1B) min(P - s, M)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    check_positive_int("num_stages", num_stages)
+    check_positive_int("num_micro_batches", num_micro_batches)
+    if schedule == "sequential":
+        return [1] * num_stages
+    if schedule == "grouped":
+        return [num_micro_batches] * num_stages
+    return [min(num_stages - s, num_micro_batches) for s in range(num_stages)]
 
 
 class EncoderForward(NamedTuple):
@@ -446,6 +546,8 @@ def in_flight_micro_batches(orders: list[list[Task]]) -> list[int]:
 
 
 def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
-    """The idle share of a balanced pipeline: (S - 1) / (M + S - 1)."""
+    """The idle share of a balanced pipeline of P stages and M micro-batches: (P - 1) / (M + P - 1)."""
+    check_positive_int("num_stages", num_stages)
+    check_positive_int("num_micro_batches", num_micro_batches)
     return (num_stages - 1) / (num_micro_batches + num_stages - 1)
 
