@@ -242,7 +242,9 @@ class StepBreakdown:
     decoder's three forward and three backward ones). The differences are the parts in between.
     ``step_gflops`` and ``dots_gflops``: the rates the step and the multiplies reach;
     ``shape_gflops``: the step's widest multiply (batch x hidden x 784) by itself;
-    ``matmul_rate``: dense 1024^3 multiplies (all GFLOP/s, float32).
+    ``matmul_rate``: dense 1024^3 multiplies (all GFLOP/s, float32). ``timings``: each timed
+    part's ``Timing`` from the alternation ("step" per training step; "dense" and "widest" are the
+    multiplies above), for their spread.
     """
 
     chain_shards: int
@@ -254,6 +256,7 @@ class StepBreakdown:
     dots_gflops: float
     shape_gflops: float
     matmul_rate: float
+    timings: dict[str, Timing] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def parts(self) -> dict[str, float]:
         """ms of each part of the step, adding up to ``step``."""
@@ -314,7 +317,9 @@ def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: in
                          step_gflops=step_flops(config) / seconds["step"] / 1e9,
                          dots_gflops=dot_flops / seconds["dots"] / 1e9,
                          shape_gflops=widest_flops / seconds["widest"] / 1e9,
-                         matmul_rate=dense_flops / seconds["dense"] / 1e9)
+                         matmul_rate=dense_flops / seconds["dense"] / 1e9,
+                         timings={name: dataclasses.replace(t, units=k) if name == "step" else t
+                                  for name, t in timings.items()})
 
 
 def format_breakdown(breakdown: StepBreakdown) -> str:
