@@ -7,11 +7,14 @@ in the reference code, so learning rates are per-example rates.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from vcd_helpers.config import ControlVariateConfig
+from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 
@@ -158,3 +161,92 @@ def sample_vcd_divergence_terms(target_log_prob_fn: Callable[[tf.Tensor], tf.Ten
                       num_leapfrog_steps=num_leapfrog_steps, seed=seed, adapt_step_size=adapt_step_size)
     return vcd_divergence_terms(tf.stop_gradient(loc), tf.stop_gradient(scale), chain.initial_log_prob,
                                 chain.final_state, chain.final_log_prob)
+
+
+class GaussianFit(NamedTuple):
+    """A diagonal Gaussian q0 fitted to a target: loc, scale [D] at the end; history: loc and
+    scale after every step, [num_steps, D] each; step_size: the chain's adapted h at the end
+    (VCD only; the initial one for the ELBO)."""
+
+    loc: np.ndarray
+    scale: np.ndarray
+    loc_history: np.ndarray
+    scale_history: np.ndarray
+    step_size: float
+
+
+FIT_OBJECTIVES = ("elbo", "vcd")
+
+
+def fit_diagonal_gaussian(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], initial_loc: Sequence[float],
+                          initial_scale: Sequence[float], *, objective: str, num_steps: int, batch_size: int = 100,
+                          learning_rate: float = 0.05, num_iterations: int = 8, num_leapfrog_steps: int = 5,
+                          step_size: float = 0.1, seed: int = 0) -> GaussianFit:
+    """Fit q0 = N(loc, diag scale^2), loc and log scale trainable, to a target log pi [B, D] -> [B]
+    by one of the package's estimators, with Adam and ``batch_size`` samples per step:
+
+    - ``"elbo"``: maximise ``reparameterised_elbo`` (minimises KL(q0 || pi));
+    - ``"vcd"``: minimise ``encoder_surrogate_loss`` with a global control variate
+      (``ControlVariate``, kind ``global``), the chain being ``hmc_chain`` (``num_iterations``
+      iterations of ``num_leapfrog_steps`` leapfrog steps, h adapted and carried over steps).
+
+    Raises ValueError for an unknown objective, non-positive counts, learning rate or step size,
+    or locs and scales of different lengths or non-positive scales.
+    """
+    if objective not in FIT_OBJECTIVES:
+        raise ValueError(f"objective={objective!r} is invalid: must be one of {', '.join(FIT_OBJECTIVES)}")
+    for name, value in (("num_steps", num_steps), ("batch_size", batch_size), ("num_iterations", num_iterations),
+                        ("num_leapfrog_steps", num_leapfrog_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
+    for name, value in (("learning_rate", learning_rate), ("step_size", step_size)):
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r} is invalid: must be a positive finite number")
+    initial_loc = np.asarray(initial_loc, np.float32)
+    initial_scale = np.asarray(initial_scale, np.float32)
+    if initial_loc.ndim != 1 or initial_loc.shape != initial_scale.shape:
+        raise ValueError(f"initial_loc {initial_loc.shape} and initial_scale {initial_scale.shape} are invalid: "
+                         f"must be vectors of one length D")
+    if not np.all(initial_scale > 0):
+        raise ValueError(f"initial_scale={initial_scale.tolist()} is invalid: every scale must be positive")
+
+    dims = initial_loc.shape[0]
+    loc = tf.Variable(initial_loc)
+    log_scale = tf.Variable(np.log(initial_scale))
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    chain_step_size = tf.Variable(float(step_size))
+    baseline = ControlVariate(ControlVariateConfig(kind="global"), num_examples=1)
+    index = tf.zeros([batch_size], tf.int32)
+    seeds = tf.random.experimental.stateless_split(tf.constant([seed, 0], tf.int64), num=num_steps)
+
+    @tf.function
+    def train_step(step):
+        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seeds[step], 2))
+        noise = tf.random.stateless_normal([batch_size, dims], seed=noise_seed)
+        with tf.GradientTape() as tape:
+            scale = tf.broadcast_to(tf.exp(log_scale), [batch_size, dims])
+            locs = tf.broadcast_to(loc, [batch_size, dims])
+            if objective == "elbo":
+                loss = -tf.reduce_mean(reparameterised_elbo(target_log_prob_fn, locs, scale, noise))
+            else:
+                z0 = locs + scale * noise
+                chain = hmc_chain(target_log_prob_fn, z0, chain_step_size, num_iterations=num_iterations,
+                                  num_leapfrog_steps=num_leapfrog_steps, seed=chain_seed)
+                b = baseline.values(index, step)
+                summed, g = encoder_surrogate_loss(locs, scale, z0, chain.final_state, chain.initial_log_prob,
+                                                   chain.initial_gradient, chain.final_log_prob, b)
+                loss = summed / batch_size
+        gradients = tape.gradient(loss, [loc, log_scale])
+        optimizer.apply_gradients(zip(gradients, [loc, log_scale]))
+        if objective == "vcd":
+            baseline.update(index, g, step)
+            chain_step_size.assign(chain.step_size)
+        return loc.read_value(), tf.exp(log_scale)
+
+    locs, scales = [], []
+    for step in range(num_steps):
+        new_loc, new_scale = train_step(tf.constant(step))
+        locs.append(new_loc.numpy())
+        scales.append(new_scale.numpy())
+    return GaussianFit(loc=locs[-1], scale=scales[-1], loc_history=np.array(locs), scale_history=np.array(scales),
+                       step_size=float(chain_step_size.numpy()))

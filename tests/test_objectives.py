@@ -1,0 +1,172 @@
+"""objectives: reparameterised_elbo for any target, the VCD divergence's two parts, and the toy fit
+of a diagonal Gaussian q0 by the ELBO and by VCD's encoder loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from vcd_helpers import objectives
+
+tfd = tfp.distributions
+
+COV = np.array([[1.0, 0.9], [0.9, 1.0]], np.float32)
+MEAN = np.array([0.5, -1.0], np.float32)
+LOG_Z = 3.0  # the toy target's normaliser: pi_tilde(z) = Z * N(z; MEAN, COV)
+
+
+def _target(cov=COV, mean=MEAN):
+    return tfd.MultivariateNormalTriL(loc=mean, scale_tril=tf.linalg.cholesky(cov))
+
+
+def _unnormalised(z):
+    return _target().log_prob(z) + LOG_Z
+
+
+def _kl_diag_to_full(loc, scale, mean=MEAN, cov=COV):
+    """KL(N(loc, diag scale^2) || N(mean, cov)) in closed form."""
+    precision = np.linalg.inv(cov)
+    d = len(loc)
+    diff = mean - loc
+    return 0.5 * (np.sum(np.diag(precision) * scale ** 2) + diff @ precision @ diff - d
+                  + np.log(np.linalg.det(cov)) - np.sum(np.log(scale ** 2)))
+
+
+def _standard_normal(z):
+    return -0.5 * tf.reduce_sum(tf.square(z), axis=-1) - 0.5 * float(z.shape[-1]) * np.log(2 * np.pi)
+
+
+def test_reparameterised_elbo_mean_is_log_z_minus_kl():
+    loc = np.array([0.2, -0.4], np.float32)
+    scale = np.array([0.5, 0.3], np.float32)
+    noise = tf.random.stateless_normal([200_000, 2], seed=[0, 1])
+    values = objectives.reparameterised_elbo(_unnormalised, loc, scale, noise).numpy()
+    assert values.shape == (200_000,)
+    expected = LOG_Z - _kl_diag_to_full(loc.astype(np.float64), scale.astype(np.float64))
+    standard_error = values.std() / np.sqrt(len(values))
+    assert abs(values.mean() - expected) < 4 * standard_error + 1e-3, (values.mean(), expected, standard_error)
+
+
+def test_reparameterised_elbo_is_log_target_minus_log_q0_at_loc_plus_scale_noise():
+    loc = tf.constant([[0.2, -0.4], [1.0, 0.0], [0.0, 2.0]])
+    scale = tf.constant([[0.5, 0.3], [1.0, 2.0], [0.1, 0.1]])
+    noise = tf.random.stateless_normal([3, 2], seed=[3, 1])
+    z = (loc + scale * noise).numpy()
+    log_q0 = np.sum(-0.5 * noise.numpy() ** 2 - np.log(scale.numpy()) - 0.5 * np.log(2 * np.pi), axis=1)
+    np.testing.assert_allclose(objectives.reparameterised_elbo(_unnormalised, loc, scale, noise),
+                               _unnormalised(z).numpy() - log_q0, rtol=1e-5, atol=1e-5)
+
+
+def test_reparameterised_elbo_gradient_flows_to_loc_and_scale():
+    # On a standard normal target the ELBO's mean is -1/2 sum(loc^2 + scale^2) + sum log scale + D/2:
+    # gradients -loc and -scale + 1/scale, which common noise reproduces up to Monte Carlo error.
+    loc = tf.Variable([0.5, -1.0])
+    scale = tf.Variable([0.5, 2.0])
+    noise = tf.random.stateless_normal([100_000, 2], seed=[5, 5])
+    with tf.GradientTape() as tape:
+        mean = tf.reduce_mean(objectives.reparameterised_elbo(_standard_normal, loc, scale, noise))
+    grad_loc, grad_scale = tape.gradient(mean, [loc, scale])
+    np.testing.assert_allclose(grad_loc, [-0.5, 1.0], atol=0.02)
+    np.testing.assert_allclose(grad_scale, [-0.5 + 2.0, -2.0 + 0.5], atol=0.03)
+
+
+def test_half_standardised_square_values_and_mean():
+    z = tf.constant([[1.0, 3.0], [0.0, 0.0]])
+    loc = tf.constant([[0.0, 1.0], [0.0, 0.0]])
+    scale = tf.constant([[2.0, 0.5], [1.0, 1.0]])
+    np.testing.assert_allclose(objectives.half_standardised_square(z, loc, scale), [0.5 * (0.25 + 16.0), 0.0])
+    noise = tf.random.stateless_normal([100_000, 10], seed=[1, 2])
+    values = objectives.half_standardised_square(3.0 + 0.2 * noise, tf.fill([1, 10], 3.0), tf.fill([1, 10], 0.2))
+    assert abs(float(tf.reduce_mean(values)) - 5.0) < 0.03  # D / 2
+
+
+def test_divergence_terms_exact_values_and_sum():
+    loc = tf.constant([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    scale = tf.constant([[1.0, 1.0, 1.0], [0.5, 2.0, 1.0]])
+    zT = tf.constant([[1.0, 2.0, 0.0], [2.0, 1.0, 3.0]])
+    terms = objectives.vcd_divergence_terms(loc, scale, tf.constant([-10.0, -4.0]), zT, tf.constant([-7.5, -5.0]))
+    np.testing.assert_allclose(terms.gain, [2.5, -1.0])
+    np.testing.assert_allclose(terms.scale_term, [0.5 * 5.0 - 1.5, 0.5 * (4.0 + 0.0 + 4.0) - 1.5])
+    np.testing.assert_allclose(terms.divergence, terms.gain + terms.scale_term)
+
+
+def test_divergence_terms_refuse_a_state_that_is_not_a_batch_of_vectors():
+    with pytest.raises(ValueError, match=r"zT has shape \(3,\)"):
+        objectives.vcd_divergence_terms(tf.zeros([3]), tf.ones([3]), tf.zeros([]), tf.zeros([3]), tf.zeros([]))
+
+
+def _sampled_terms(loc, scale, chains=20_000, seed=0):
+    loc = tf.fill([chains, 3], loc)
+    scale = tf.fill([chains, 3], scale)
+    noise = tf.random.stateless_normal([chains, 3], seed=[seed, 7])
+    return objectives.sample_vcd_divergence_terms(_standard_normal, loc, scale, noise, 0.5, num_iterations=4,
+                                                  num_leapfrog_steps=5, seed=seed, adapt_step_size=False)
+
+
+def _mean_and_error(values):
+    values = np.asarray(values)
+    return values.mean(), values.std() / np.sqrt(len(values))
+
+
+def test_sampled_terms_vanish_when_q0_is_the_target():
+    # q0 = pi: the chain leaves pi invariant, so zT ~ q0 too; both parts average 0.
+    terms = _sampled_terms(0.0, 1.0)
+    assert terms.gain.shape == terms.scale_term.shape == (20_000,)
+    for values in (terms.gain, terms.scale_term):
+        mean, error = _mean_and_error(values)
+        assert abs(mean) < 4 * error + 0.01, (mean, error)
+
+
+def test_sampled_terms_signs_when_q0_is_off_centre_or_too_narrow():
+    # Off-centre q0 (loc 2, right width): the chain climbs towards the mode, a positive gain, and
+    # zT is far from loc in q0's units: a positive scale term too.
+    off = _sampled_terms(2.0, 1.0, seed=1)
+    assert _mean_and_error(off.gain)[0] > 2.0
+    assert _mean_and_error(off.scale_term)[0] > 1.0
+    # Too narrow a q0 (scale 0.3 at the mode): the chain spreads out, down the density (negative
+    # gain), and far in q0's narrow units (a large scale term); their sum, L_VCD, is positive.
+    narrow = _sampled_terms(0.0, 0.3, seed=2)
+    assert _mean_and_error(narrow.gain)[0] < -0.5
+    assert _mean_and_error(narrow.scale_term)[0] > 5.0
+    assert _mean_and_error(narrow.divergence)[0] > 1.0
+
+
+def test_fit_by_the_elbo_is_the_closed_form_mode_seeking_gaussian():
+    # KL(q0 || pi) over diagonal Gaussians is minimised at loc = mean, scale_d = 1 / sqrt(precision_dd).
+    fit = objectives.fit_diagonal_gaussian(_target().log_prob, [1.0, 1.0], [0.3, 0.3], objective="elbo",
+                                           num_steps=400, seed=0)
+    expected_scale = 1.0 / np.sqrt(np.diag(np.linalg.inv(COV)))
+    np.testing.assert_allclose(fit.scale_history[-200:].mean(0), expected_scale, rtol=0.05)
+    np.testing.assert_allclose(fit.loc_history[-200:].mean(0), MEAN, atol=0.05)
+    assert fit.loc_history.shape == fit.scale_history.shape == (400, 2)
+    np.testing.assert_allclose(fit.loc, fit.loc_history[-1])
+    assert fit.step_size == pytest.approx(0.1)  # the ELBO runs no chain
+
+
+def test_fit_by_vcd_is_wider_than_the_elbo_and_narrower_than_the_marginals():
+    fit = objectives.fit_diagonal_gaussian(_target().log_prob, [1.0, 1.0], [0.3, 0.3], objective="vcd",
+                                           num_steps=300, seed=0)
+    elbo_scale = 1.0 / np.sqrt(np.diag(np.linalg.inv(COV)))
+    scale = fit.scale_history[-100:].mean(0)
+    assert np.all(scale > elbo_scale + 0.1), scale
+    assert np.all(scale < np.sqrt(np.diag(COV))), scale
+    np.testing.assert_allclose(fit.loc_history[-100:].mean(0), MEAN, atol=0.15)
+    assert fit.step_size != pytest.approx(0.1)  # h adapted and carried over steps
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"objective": "kl"}, "objective='kl' is invalid"),
+    ({"num_steps": 0}, "num_steps=0 is invalid"),
+    ({"batch_size": 2.5}, "batch_size=2.5 is invalid"),
+    ({"learning_rate": -1.0}, "learning_rate=-1.0 is invalid"),
+    ({"step_size": float("nan")}, "step_size=nan is invalid"),
+    ({"initial_scale": [1.0, 0.0]}, r"initial_scale=\[1.0, 0.0\] is invalid"),
+    ({"initial_scale": [1.0]}, "must be vectors of one length"),
+])
+def test_fit_refuses_bad_input(overrides, message):
+    arguments = {"initial_loc": [0.0, 0.0], "initial_scale": [1.0, 1.0], "objective": "elbo", "num_steps": 2}
+    arguments.update(overrides)
+    with pytest.raises(ValueError, match=message):
+        objectives.fit_diagonal_gaussian(_target().log_prob, **arguments)
