@@ -231,6 +231,27 @@ def test_results_that_cannot_be_a_directory_are_a_clear_error(tmp_path, config_f
     assert message in _error(capsys)
 
 
+def test_a_refused_directory_keeps_no_trace_of_the_attempt(tmp_path, config_file, capsys):
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("someone else's")
+    assert _train(config_file, tmp_path / "theirs") == 2
+    assert "not a results directory of this package" in _error(capsys)
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["notes.txt"]  # no .lock left behind
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["train", "--config", "tiny", "--results", ""], "argument --results: '' is invalid: give a directory name"),
+    (["bench", "--calls", "0"], "argument --calls: '0' is invalid: must be a positive integer"),
+    (["bench", "--steps-per-call", "-1"], "argument --steps-per-call: '-1' is invalid: must be a positive integer"),
+    (["bench", "--evaluation", "--examples", "x"], "argument --examples: 'x' is invalid: must be a positive integer"),
+])
+def test_bad_command_line_values_name_their_option(argv, named, capsys):
+    # bench said 'repeats=0' and 'units=0'; --results "" trained into the current directory.
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
 def test_a_full_disk_during_a_checkpoint_save_is_a_clear_error(tmp_path, config_file, capsys, monkeypatch):
     def full_disk(self, checkpoint_number=None):
         raise tf.errors.ResourceExhaustedError(None, None, f"{self.directory}/ckpt-20: No space left on device")

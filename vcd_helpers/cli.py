@@ -30,13 +30,31 @@ from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PRECISIONS, PROF
                                 EvaluationConfig, get_profile, load_config, preset_values)
 
 
+def _positive_int(text: str) -> int:
+    """An option's count: refused by argparse, naming the option, unless a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: must be a positive integer")
+    return value
+
+
+def _directory(text: str) -> str:
+    """A results directory: an empty name would mean the current directory, never meant."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: give a directory name")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vcd_helpers", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model into a results directory (resumes if interrupted)")
     train.add_argument("--config", help="preset name (default, global_cv, bs_experiment, smoke, tiny) or a JSON file")
-    train.add_argument("--results", required=True, help="results directory (created; reused only by the same run)")
+    train.add_argument("--results", required=True, type=_directory, help="results directory (created; reused only by the same run)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --results; without --config its stored config is used")
     train.add_argument("--method", choices=METHODS)
@@ -77,9 +95,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="time the training step: ms/step, examples/s, GFLOP/s")
     bench.add_argument("--configs", nargs="+", default=["default", "global_cv"])
-    bench.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 100, 128, 512, 1024])
-    bench.add_argument("--steps-per-call", type=int, default=10)
-    bench.add_argument("--calls", type=int, default=5, help="timed calls per row (median reported)")
+    bench.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[16, 100, 128, 512, 1024])
+    bench.add_argument("--steps-per-call", type=_positive_int, default=10)
+    bench.add_argument("--calls", type=_positive_int, default=5, help="timed calls per row (median reported)")
     bench.add_argument("--chain-shards", type=int, help="blocks of the VCD chain (default: one per compute thread)")
     bench.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["float32"],
                        help="time each row in each of these precisions (see train --precision)")
@@ -91,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                             "test images with each --proposal: s/image, GFLOP/s, minutes for the test set")
     bench.add_argument("--proposal", nargs="+", choices=PROPOSALS, default=["hmc_moments"],
                        help="with --evaluation: the proposals to time")
-    bench.add_argument("--examples", type=int, help="with --evaluation: test images (default: one evaluation batch)")
+    bench.add_argument("--examples", type=_positive_int, help="with --evaluation: test images (default: one evaluation batch)")
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
     evaluate.add_argument("results", help="a results directory written by train")

@@ -151,6 +151,7 @@ class RunDirectory:
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"{self.path} is a file, not a directory: give a new or existing directory")
         self.path.mkdir(parents=True, exist_ok=True)
+        created = not self.lock_file.exists()
         with open(self.lock_file, "a+") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -165,6 +166,9 @@ class RunDirectory:
             try:
                 yield
             finally:
+                # A directory refused (not a run's) keeps no trace of the attempt.
+                if created and not self.config_file.exists():
+                    self.lock_file.unlink(missing_ok=True)
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def holder(self) -> str | None:
