@@ -199,8 +199,18 @@ def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_p
     _, err = process.communicate(timeout=120)
     if how == "timeout":
         assert process.returncode == 2 and f"worker(s) {workers[1]} of TF_CONFIG did not join within 4 s" in err
+        assert "(set $VCD_WORKER_TIMEOUT to the seconds to wait" in err  # how to change the wait
     else:
         assert process.returncode == 130 and "interrupted" in err
+
+
+@pytest.mark.parametrize("given, expected", [({}, "60.0"), ({"VCD_WORKER_TIMEOUT": "7"}, "7")])
+def test_workers_launched_together_wait_a_minute_for_each_other(tmp_path, monkeypatch, given, expected):
+    started = []
+    monkeypatch.setattr(distributed.subprocess, "Popen", lambda command, env, **kw: started.append(env))
+    distributed.launch_local_workers(tmp_path / "c.json", [tmp_path / "a", tmp_path / "b"],
+                                     env={"PATH": os.environ["PATH"], **given})
+    assert [env["VCD_WORKER_TIMEOUT"] for env in started] == [expected, expected]
 
 
 # 6. the strategy belongs to the run's identity ---------------------------------------------------

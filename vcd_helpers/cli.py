@@ -220,8 +220,9 @@ def _supervise(argv: list[str]) -> int:
                     return 130
                 peers = [w for k, w in enumerate(workers) if k != index]
                 print(f"error: strategy='multi_worker': worker(s) {', '.join(unreachable(peers) or peers)} of "
-                      f"TF_CONFIG did not join within {timeout:g} s (${WORKER_TIMEOUT_ENV}); start every worker "
-                      "with the same command and its own task index, or check the addresses", file=sys.stderr)
+                      f"TF_CONFIG did not join within {timeout:g} s; start every worker with the same command "
+                      f"and its own task index, or check the addresses (set ${WORKER_TIMEOUT_ENV} to the seconds "
+                      "to wait: longer for workers started by hand, shorter to fail sooner)", file=sys.stderr)
                 return 2
     for signum in (signal.SIGINT, signal.SIGTERM):  # the child handles them now
         signal.signal(signum, lambda signum, frame: child.send_signal(signum))

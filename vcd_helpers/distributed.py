@@ -32,6 +32,9 @@ from vcd_helpers.training import VCDEstimate, VCDTrainer
 
 WORKER_TIMEOUT_ENV = "VCD_WORKER_TIMEOUT"
 DEFAULT_WORKER_TIMEOUT = 300.0
+# Workers started together on one machine (launch_local_workers) join within seconds: a peer that
+# failed to start is reported after a minute, not five.
+LOCAL_WORKER_TIMEOUT = 60.0
 TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": i}}'
 
 
@@ -102,14 +105,17 @@ def launch_local_workers(config_file: str | os.PathLike, results_dirs: list[Path
     """Start the training command once per results directory, as the workers of one
     MultiWorkerMirroredStrategy cluster over loopback: worker k gets a TF_CONFIG naming every
     worker's 127.0.0.1 address and its own index. Returns the processes (stdout and stderr merged,
-    as text); wait for them with ``communicate``. ``env``: the environment (default: this one)."""
+    as text); wait for them with ``communicate``. ``env``: the environment (default: this one);
+    unless it sets ``$VCD_WORKER_TIMEOUT``, a worker waits ``LOCAL_WORKER_TIMEOUT`` seconds for the
+    others."""
     addresses = [f"127.0.0.1:{port}" for port in free_local_ports(len(results_dirs))]
     processes = []
     for task, results in enumerate(results_dirs):
         tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": task}}
         command = [sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file), "--results",
                    str(results), "--strategy", "multi_worker", "--quiet"]
-        processes.append(subprocess.Popen(command, env=(env or dict(os.environ)) | {"TF_CONFIG": json.dumps(tf_config)},
+        worker_env = {WORKER_TIMEOUT_ENV: str(LOCAL_WORKER_TIMEOUT)} | (env or dict(os.environ))
+        processes.append(subprocess.Popen(command, env=worker_env | {"TF_CONFIG": json.dumps(tf_config)},
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return processes
 
