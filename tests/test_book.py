@@ -52,3 +52,26 @@ def test_the_browser_check_finds_a_table_printed_as_text(tmp_path):
         "<table><tr><td>| a rendered table's cell |</td></tr></table></main></body></html>")
     problems = check_book.check_book(tmp_path, ["page"], chromium)
     assert problems == ["page: a Markdown table shown as text: '| | a | b |\\n|---|---|---|\\n| x | 1 | 2 |'"], problems
+
+
+def test_every_committed_run_a_notebook_names_is_in_results():
+    """A chapter that names a run (vae_e800_s0, vcd_scheduled_e100_s1, ...) reads results/NAME: that run
+    must be committed and finished, or be a run of the plan that the chapter waits for (chapter 7 says
+    which have not finished). The reproducibility appendix lists which chapter reads which run from
+    the same scan."""
+    import re
+
+    import nbformat
+
+    from vcd_helpers.experiments import PLAN
+
+    finished = {path.parent.name for path in (ROOT / "results").glob("*/results.json")}
+    named = {}
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "\n".join(c.source for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")
+        for name in re.findall(r"[\"']((?:vcd|vae)\w*_e\d+_s\d+\w*)[\"']", code):
+            named.setdefault(name, set()).add(notebook.name)
+    assert {"vae_e800_s0", "vcd_scheduled_e800_s0"} <= set(named), sorted(named)
+    planned = {run.name for run in PLAN}
+    missing = {name: sorted(pages) for name, pages in named.items() if name not in finished | planned}
+    assert missing == {}, f"notebooks name runs that results/ does not hold finished: {missing}"
