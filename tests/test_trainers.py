@@ -1,0 +1,166 @@
+"""The trainers' steps, pinned by value: the VAE's loss is minus the ELBO and training raises the ELBO;
+the adapted HMC step size is carried from one VCD step to the next; the VCD step's chain starts at
+the encoder's sample z0; and its encoder gradient equals the estimator's closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from vcd_helpers.config import load_config
+from vcd_helpers.hmc import value_and_gradient
+from vcd_helpers.objectives import elbo
+from vcd_helpers.seeds import fold_in
+from vcd_helpers.trainers import build_trainer
+
+INDEX = tf.constant([3, 1, 4, 15, 9, 2, 6, 5])
+# The steps run eagerly (``_train_step``, the function that ``train_step`` compiles): the same code, without
+# the seconds that tracing it costs; tests/test_training_loop.py and tests/test_vcd.py run compiled steps.
+
+
+def _batch(n=8, seed=0):
+    return tf.cast(tf.random.stateless_uniform([n, 784], seed=[seed, 36]) < 0.2, tf.float32)
+
+
+def _mean_elbo(model, x, draws=16):
+    """The batch's mean ELBO over ``draws`` fixed noise seeds: the same noise before and after training."""
+    return float(np.mean([tf.reduce_mean(elbo(model, x, tf.constant([36, k]))) for k in range(draws)]))
+
+
+@pytest.fixture(scope="module")
+def vae_trainer():
+    return build_trainer(load_config("tiny", method="vae", model={"hidden_units": 32}), jit_compile=False)
+
+
+def test_the_vae_reports_minus_the_elbo_of_its_step(vae_trainer):
+    # The step's loss is -ELBO per example on the step's own noise (fold_in(seed, step)), at the
+    # parameters before the step's update.
+    x = _batch()
+    before = float(tf.reduce_mean(elbo(vae_trainer.model, x, fold_in(vae_trainer.seed, vae_trainer.step))))
+    assert before < -100  # an untrained model: the sign of the loss is not in doubt
+    loss = float(vae_trainer._train_step(INDEX, x)["loss"])
+    np.testing.assert_allclose(loss, -before, rtol=1e-5)
+
+
+def test_a_few_vae_steps_raise_the_elbo(vae_trainer):
+    # Gradient ascent on the ELBO: five steps on one batch raise its ELBO (from about -3,000 nats per
+    # image by about 1,200 here), and lower the reported loss.
+    x = _batch(seed=1)
+    before = _mean_elbo(vae_trainer.model, x)
+    losses = [float(vae_trainer._train_step(INDEX, x)["loss"]) for _ in range(5)]
+    after = _mean_elbo(vae_trainer.model, x)
+    assert after - before > 100.0, (before, after)
+    assert losses[-1] < losses[0], losses
+
+
+def _vcd_trainer(**hmc):
+    # A small model; a large step size and a fast adaptation, so that the chain's step size moves far.
+    config = load_config("tiny", model={"hidden_units": 16, "latent_dim": 3},
+                         hmc={"initial_step_size": 0.5, "adaptation_rate": 0.3} | hmc)
+    return build_trainer(config, jit_compile=False)
+
+
+def _record_chains(trainer):
+    """Make the trainer's ``run_chain`` keep what each call gives it and gets from it: the step size the
+    chain starts from (``seen``) and (z0, chain) in ``calls`` (eager calls)."""
+    seen = tf.Variable(-1.0, trainable=False)
+    calls = []
+    run_chain = trainer.run_chain
+
+    def recording(x, z0, step_size, seed):
+        seen.assign(step_size)
+        chain = run_chain(x, z0, step_size, seed)
+        calls.append((z0, chain))
+        return chain
+
+    trainer.run_chain = recording  # the step looks it up on the trainer, eagerly or when traced
+    return seen, calls
+
+
+def test_the_adapted_step_size_is_carried_to_the_next_step():
+    # Compared with the chain's own adapted value, not with 0.05 (float32(0.05) != 0.05 always holds).
+    trainer = _vcd_trainer()
+    seen, _ = _record_chains(trainer)
+    initial = float(np.float32(0.5))
+    x = _batch()
+    first = trainer._train_step(INDEX, x)
+    assert float(seen) == initial  # the first chain starts from the configured step size
+    adapted = float(first["step_size"])
+    assert abs(adapted - initial) > 0.05, adapted  # the chain's adaptation moved it (to 0.29 here)
+    assert float(trainer.step_size) == adapted  # the trainer keeps the chain's adapted step size ...
+    second = trainer._train_step(INDEX, x)
+    assert float(seen) == adapted  # ... and the next step's chain starts from it
+    assert float(trainer.step_size) == float(second["step_size"]) != adapted
+
+
+def _eager_estimate(trainer, x, baseline, seed):
+    _, calls = _record_chains(trainer)
+    estimate = trainer.estimate_gradients(x, baseline, seed)
+    assert len(calls) == 1
+    return estimate, calls[0]
+
+
+def test_the_step_chain_starts_at_the_encoder_sample_z0():
+    # z0 = loc + scale * eps with eps from the first half of the step's seed (the second drives the
+    # chain); the chain's first evaluation, which the encoder loss reuses, is log p(x, z0) there.
+    trainer = _vcd_trainer()
+    model, x, seed = trainer.model, _batch(), tf.constant([7, 11])
+    _, (start, chain) = _eager_estimate(trainer, x, tf.zeros([8]), seed)
+    loc, scale = model.encoder(x)
+    noise_seed = tf.random.experimental.stateless_split(seed, 2)[0]
+    z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+    assert float(tf.reduce_min(tf.abs(z0 - loc) / scale)) > 1e-3  # z0 is a draw, not the encoder mean
+    np.testing.assert_allclose(start, z0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(chain.initial_log_prob, model.log_joint(x, z0), rtol=1e-6)
+    np.testing.assert_allclose(chain.initial_gradient, value_and_gradient(lambda z: model.log_joint(x, z), z0)[1],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_encoder_gradient_is_the_estimators_closed_form():
+    """The VCD encoder gradient, at the encoder's outputs mu, sigma (z0 = mu + sigma eps, zT the chain's
+    end, g = log p(x, zT) + 1/2 sum ((zT - mu) / sigma)^2, b the baseline), is per example
+
+        d/d mu    = -grad log p(x, z0)       - (zT - mu) / sigma^2    + (g - b) (z0 - mu) / sigma^2
+        d/d sigma = -grad log p(x, z0) * eps - (zT - mu)^2 / sigma^3  + (g - b) ((z0 - mu)^2 / sigma^3 - 1 / sigma)
+
+    (pathwise, the g term through mu and sigma only, the score-function term with g - b held fixed),
+    carried back to the encoder's weights by the chain rule. Computed here in float64 from the step's
+    own z0 and zT; the trainer's gradient must equal it to float32 round-off."""
+    trainer = _vcd_trainer()
+    model, x = trainer.model, _batch(seed=2)
+    # An untrained scale net puts sigma anywhere in [1e-4, 20], where float32 loses the comparison:
+    # its last layer is shrunk so that sigma ~ softplus(0) ~ 0.7 (the mean net is left as it is).
+    last = model.encoder.scale_net
+    last.weights[-1].assign(0.05 * last.weights[-1])
+    last.biases[-1].assign(tf.zeros_like(last.biases[-1]))
+    baseline = tf.fill([8], -450.0)
+    seed = tf.constant([5, 3])
+    estimate, (start, chain) = _eager_estimate(trainer, x, baseline, seed)
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+    noise_seed = tf.random.experimental.stateless_split(seed, 2)[0]
+    eps = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed).numpy().astype(np.float64)
+    mu, sigma = loc.numpy().astype(np.float64), scale.numpy().astype(np.float64)
+    assert 0.3 < sigma.min() and sigma.max() < 1.5
+    z0 = start.numpy().astype(np.float64)  # the float32 z0 of the step (= mu + sigma eps, as tested above)
+    _, grad_z0 = value_and_gradient(lambda z: model.log_joint(x, z), start)
+    grad_z0 = grad_z0.numpy().astype(np.float64)
+    zT = chain.final_state.numpy().astype(np.float64)
+    g = (model.log_joint(x, chain.final_state).numpy().astype(np.float64)
+         + 0.5 * np.sum(((zT - mu) / sigma) ** 2, axis=-1))
+    np.testing.assert_allclose(estimate.g, g, rtol=1e-5)
+    assert np.min(np.abs(g - baseline.numpy())) > 1.0  # the score-function term weighs in
+    weight = (g - baseline.numpy())[:, None]
+    d_mu = -grad_z0 - (zT - mu) / sigma**2 + weight * (z0 - mu) / sigma**2
+    d_sigma = -grad_z0 * eps - (zT - mu) ** 2 / sigma**3 + weight * ((z0 - mu) ** 2 / sigma**3 - 1 / sigma)
+    groups = model.parameter_groups()
+    expected = {  # the chain rule through each net: vector-Jacobian products with the closed forms
+        "encoder_mean": tape.gradient(loc, groups["encoder_mean"], output_gradients=tf.constant(d_mu, tf.float32)),
+        "encoder_scale": tape.gradient(scale, groups["encoder_scale"],
+                                       output_gradients=tf.constant(d_sigma, tf.float32))}
+    errors = {}  # per tensor: the largest difference over the largest expected magnitude
+    for name, tensors in expected.items():
+        for k, (actual, want) in enumerate(zip(estimate.gradients[name], tensors)):
+            errors[f"{name}[{k}]"] = float(tf.reduce_max(tf.abs(actual - want)) / tf.reduce_max(tf.abs(want)))
+    assert max(errors.values()) < 1e-4, errors
