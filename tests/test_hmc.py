@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from vcd_helpers.data import load_binarized_mnist
-from vcd_helpers.hmc import block_sizes, hmc_chain, run_on_posterior, sharded_target, value_and_gradient
+from vcd_helpers.hmc import block_sizes, hmc_chain, leapfrog, run_on_posterior, sharded_target, value_and_gradient
 from vcd_helpers.model import VAE
 
 COV = np.array([[1.0, 0.8, 0.0], [0.8, 1.0, 0.3], [0.0, 0.3, 0.5]])
@@ -166,3 +166,59 @@ def test_a_sharded_target_is_the_same_target_and_the_same_chain(num_shards):
     np.testing.assert_allclose(actual.final_state.numpy(), expected.final_state.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(float(actual.step_size), float(expected.step_size), rtol=1e-6)
     assert float(actual.accept_rate) == float(expected.accept_rate)
+
+
+# Leapfrog on an exactly known Gaussian, in float64 so that round-off stays far below what is tested.
+PRECISION64 = np.linalg.inv(COV)
+
+
+def gaussian64(z):
+    centred = z - MEAN
+    return -0.5 * tf.reduce_sum(centred * tf.linalg.matvec(tf.constant(PRECISION64), centred), axis=-1)
+
+
+def _leapfrog64(state, momentum, step_size, num_steps):
+    _, gradient = value_and_gradient(gaussian64, state)
+    return leapfrog(gaussian64, state, momentum, gradient, tf.constant(step_size, tf.float64), num_steps)
+
+
+def _energy(state, momentum):
+    return (-gaussian64(state) + 0.5 * tf.reduce_sum(tf.square(momentum), axis=-1)).numpy()
+
+
+def test_leapfrog_is_time_reversible():
+    # Forward L steps, negate the momentum, L steps more: back to the start with the momentum negated.
+    start = tf.random.stateless_normal([64, 3], seed=[2, 7], dtype=tf.float64) + MEAN
+    momentum = tf.random.stateless_normal([64, 3], seed=[2, 8], dtype=tf.float64)
+    end, end_momentum, end_log_prob, end_gradient = _leapfrog64(start, momentum, 0.15, 10)
+    assert float(tf.reduce_max(tf.abs(end - start))) > 0.3  # the trajectory went somewhere
+    np.testing.assert_allclose(end_log_prob, gaussian64(end), rtol=1e-12)  # log p and gradient at the end
+    np.testing.assert_allclose(end_gradient, value_and_gradient(gaussian64, end)[1], rtol=1e-12, atol=1e-12)
+    back, back_momentum, _, _ = _leapfrog64(end, -end_momentum, 0.15, 10)
+    np.testing.assert_allclose(back, start, atol=1e-10)
+    np.testing.assert_allclose(-back_momentum, momentum, atol=1e-10)
+
+
+def test_leapfrog_energy_error_shrinks_as_the_step_size_squared():
+    # A second-order integrator: over a fixed trajectory length (1.0), the error in H = -log p + |p|^2 / 2
+    # falls as h^2. Step sizes well inside the stable range (h < 2 sqrt(smallest variance) = 0.58).
+    start = tf.random.stateless_normal([256, 3], seed=[3, 7], dtype=tf.float64) + MEAN
+    momentum = tf.random.stateless_normal([256, 3], seed=[3, 8], dtype=tf.float64)
+    step_sizes = np.array([0.1, 0.05, 0.025, 0.0125])
+    errors = []
+    for h in step_sizes:
+        end, end_momentum, _, _ = _leapfrog64(start, momentum, float(h), int(round(1.0 / h)))
+        errors.append(np.mean(np.abs(_energy(end, end_momentum) - _energy(start, momentum))))
+    slope = np.polyfit(np.log(step_sizes), np.log(errors), 1)[0]
+    assert 1.9 < slope < 2.1, (slope, errors)
+    assert errors[-1] < 5e-4, errors
+
+
+def test_the_chain_evaluates_the_target_at_its_initial_state():
+    # The VCD trainer reuses these two as log p(x, z0) and its gradient: they must be at the start given.
+    start = dispersed_starts()[:16]
+    result = hmc_chain(TARGET.log_prob, start, 0.3, num_iterations=2, num_leapfrog_steps=3, seed=1)
+    log_prob, gradient = value_and_gradient(TARGET.log_prob, start)
+    np.testing.assert_allclose(result.initial_log_prob, log_prob, rtol=1e-6)
+    np.testing.assert_allclose(result.initial_gradient, gradient, rtol=1e-6)
+    assert float(tf.reduce_max(tf.abs(result.final_state - start))) > 0.1  # ... and not at the end
