@@ -126,3 +126,19 @@ def test_profile_validation_names_the_bad_value():
         dataclasses.replace(book, ais_temperatures=0)
     for profile in config.PROFILES.values():  # every profile's timed step loads
         config.load_config(profile.timed_preset)
+
+
+@pytest.mark.parametrize("preset, overrides, batch_size", [
+    ("tiny", {}, 50),  # 1,000 training images
+    ("default", {"train_examples": 5_000}, 100),
+    ("default", {"train_examples": 5_000, "steps": 40}, 100),
+    ("smoke", {"train_examples": 2_000, "batch_size": 16}, 16),
+])
+def test_a_reduced_training_set_still_decays_every_30_epochs_of_50000_images(preset, overrides, batch_size):
+    # The decay interval is the paper's 30 epochs of the full 50,000 images, whatever a reduced run
+    # trains on: not 30 of its own (shorter) epochs.
+    c = load_config(preset, **overrides)
+    assert c.train_examples < config.NUM_TRAIN_EXAMPLES == 50_000 and c.batch_size == batch_size
+    assert c.optimizer.lr_decay_epochs == 30
+    assert c.lr_decay_steps == round(30 * 50_000 / batch_size)
+    assert c.lr_decay_steps > 30 * c.steps_per_epoch

@@ -35,3 +35,14 @@ def test_make_optimizers_uses_group_rates():
     optimizers = make_optimizers(groups, config)
     assert {k: o.learning_rate for k, o in optimizers.items()} == config.learning_rates
     assert all(o.decay_steps == 15_000 for o in optimizers.values())
+
+
+def test_a_reduced_run_decays_the_learning_rate_every_30_epochs_of_50000_images():
+    # 1,000 training images in batches of 50 (the tiny preset): 20 steps an epoch of its own, but the
+    # rate falls by 0.9 only after 30 x 50,000 / 50 = 30,000 steps, as in the paper's schedule.
+    config = load_config("tiny")
+    assert config.train_examples == 1_000 and config.batch_size == 50
+    optimizers = make_optimizers({"decoder": [tf.Variable(0.0)]}, config)
+    rates = [float(optimizers["decoder"].current_learning_rate(tf.constant(s, tf.int64)))
+             for s in (0, 600, 29_999, 30_000, 60_000)]
+    np.testing.assert_allclose(rates, [5e-4, 5e-4, 5e-4, 4.5e-4, 5e-4 * 0.81], rtol=1e-6)
