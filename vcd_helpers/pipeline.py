@@ -292,7 +292,8 @@ def emulate_schedule(schedule: str, num_stages: int, num_micro_batches: int,
 def schedule_time(schedule: str, num_stages: int, num_micro_batches: int, forward_seconds: float,
                   backward_seconds: float) -> float:
     """The model of a balanced pipeline's step time (every stage's forward takes ``forward_seconds``, its
-    backward ``backward_seconds``): sequential P M (f + b); grouped and interleaved (M + P - 1)(f + b)."""
+    backward ``backward_seconds``), t_F and t_B: sequential P M (t_F + t_B); grouped and interleaved
+    (M + P - 1)(t_F + t_B)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
     check_positive_int("num_stages", num_stages)
