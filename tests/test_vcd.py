@@ -132,7 +132,7 @@ def test_one_vcd_step_updates_every_piece_of_state():
     encoder_before = [v.numpy().copy() for v in trainer.model.encoder.trainable_variables]
     metrics = trainer.train_step(tf.constant([4, 7, 9]), _batch(3))
     assert all(np.isfinite(float(v)) for v in metrics.values())
-    assert int(trainer.step) == 1 and float(trainer.step_size) != 0.05
+    assert int(trainer.step) == 1  # the adapted step size is carried: tests/test_trainers.py pins it exactly
     assert all(not np.array_equal(a, b.numpy()) for a, b in zip(decoder_before, trainer.model.decoder.trainable_variables))
     assert all(not np.array_equal(a, b.numpy()) for a, b in zip(encoder_before, trainer.model.encoder.trainable_variables))
     local = trainer.control_variate.local_values.numpy()
