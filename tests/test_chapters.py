@@ -1,0 +1,102 @@
+"""Every chapter carries the book's scaffolding, read from the committed notebooks (no execution).
+
+What a student relies on in every chapter: learning goals and a time estimate at the top; a
+summary, further reading and graded exercises, each with a hint and a worked solution behind a
+dropdown, at the end; every figure numbered and captioned; bookkeeping (assertions, watermarks)
+hidden from the rendered page while nbval still runs it. The browser check
+(tools/check_book.py) then checks that the dropdowns open in the built book.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+PAGES = [entry["file"] for entry in TOC["chapters"]]
+CHAPTERS = [page for page in PAGES if re.fullmatch(r"notebooks/\d\d\w*", page)]
+NOTEBOOKS = [page for page in PAGES if page.startswith("notebooks/")]
+GRADES = ("easy", "medium", "hard")
+
+
+def _read(page: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / f"{page}.ipynb", as_version=4)
+
+
+def _markdown(notebook: nbformat.NotebookNode) -> str:
+    return "\n\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+
+
+def _dropdowns(text: str, title: str) -> int:
+    return len(re.findall(rf":::\{{admonition\}} {title}\s*\n:class: dropdown", text))
+
+
+def test_the_toc_lists_every_chapter_notebook():
+    on_disk = sorted(f"notebooks/{path.stem}" for path in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(NOTEBOOKS) == on_disk
+    assert len(CHAPTERS) >= 8
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_a_chapter_opens_with_goals_and_a_time_estimate(page):
+    first = next(cell.source for cell in _read(page).cells if cell.cell_type == "markdown")
+    assert first.startswith("# "), f"{page}: the first cell is not the title"
+    assert ":::{admonition} Learning goals" in first, f"{page}: no learning goals at the top"
+    assert re.search(r"minutes to read", first), f"{page}: no time estimate at the top"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_a_chapter_ends_with_a_summary_reading_and_graded_exercises(page):
+    text = _markdown(_read(page))
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    for heading in ("Summary", "Further reading", "Exercises"):
+        assert heading in headings, f"{page}: no '## {heading}' section"
+    exercises = text[text.index("## Exercises"):]
+    # "(hard; about an hour)": a long exercise says so after its grade.
+    grades = re.findall(r"\*\*Exercise \d+ \((easy|medium|hard)(?:[;,][^)]*)?\)\.\*\*", exercises)
+    assert len(grades) >= 3 and set(grades) == set(GRADES), f"{page}: exercises graded {grades}"
+    assert _dropdowns(exercises, "Hint") >= len(grades), f"{page}: an exercise without a hint dropdown"
+    assert _dropdowns(exercises, "Solution") >= len(grades), f"{page}: an exercise without a solution dropdown"
+
+
+def _images(cell: nbformat.NotebookNode) -> int:
+    return sum("image/png" in output.get("data", {}) for output in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("page", NOTEBOOKS)
+def test_every_figure_is_numbered_and_captioned(page):
+    notebook = _read(page)
+    names = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code" or not _images(cell) or "remove-output" in cell.metadata.get("tags", []):
+            continue
+        figure = cell.metadata.get("mystnb", {}).get("figure", {})
+        assert figure.get("name") and len(figure.get("caption", "")) > 40, \
+            f"{page}: cell {index} draws a figure with no name or no caption saying what to see"
+        assert _images(cell) == 1, f"{page}: cell {index} draws {_images(cell)} figures under one caption"
+        names.append(figure["name"])
+    assert len(names) == len(set(names)), f"{page}: figure names repeat: {names}"
+    for target in re.findall(r"\{numref\}`(?:[^`<]*<)?([^`>]+)>?`", _markdown(notebook)):
+        assert target in names, f"{page}: {{numref}} to {target!r}, which is not a figure of this page"
+
+
+def _bookkeeping(source: str) -> bool:
+    """A cell that only checks (assertions) or records provenance (the watermark)."""
+    lines = [line for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if any("watermark(" in line for line in lines):
+        return True
+    statements = [line for line in lines if not line.startswith((" ", "\t", ")", "]", "}"))]
+    return bool(statements) and all(line.startswith(("assert ", "np.testing.")) for line in statements)
+
+
+@pytest.mark.parametrize("page", NOTEBOOKS)
+def test_bookkeeping_is_hidden_from_the_page(page):
+    shown = [index for index, cell in enumerate(_read(page).cells)
+             if cell.cell_type == "code" and _bookkeeping(cell.source)
+             and "remove-cell" not in cell.metadata.get("tags", [])]
+    assert shown == [], f"{page}: assertion or watermark cells shown on the page: {shown} (tag them remove-cell)"
