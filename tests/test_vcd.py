@@ -150,6 +150,10 @@ def test_a_baseline_near_g_reduces_the_estimators_variance():
     tracked = estimator_variance(trainer, x, g, num_draws=8)
     for group in none:
         assert tracked[group] < none[group], (group, tracked[group], none[group])
+    # Traced once for the trainer, whatever the batch's values and baselines; the same draws again.
+    from vcd_helpers.training import _gradient_draws
+    assert _gradient_draws(trainer, ("encoder_mean", "encoder_scale")).experimental_get_tracing_count() == 1
+    assert estimator_variance(trainer, x, g, num_draws=8) == tracked
     with pytest.raises(ValueError, match="num_draws=1"):
         estimator_variance(trainer, x, g, num_draws=1)
 

@@ -11,6 +11,7 @@ with a progress bar.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
@@ -320,6 +321,21 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
     return history.arrays() if history is not None else {}
 
 
+# One traced draw per (trainer, groups): a chapter comparing baselines calls estimator_variance
+# again and again on the same trainer, and x and the baseline are arguments, not captured constants.
+_DRAWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _gradient_draws(trainer: VCDTrainer, groups: tuple[str, ...]) -> Callable[..., dict[str, list[tf.Tensor]]]:
+    """A compiled (x, baseline, seed) -> {group: flattened gradients}, traced once per trainer."""
+    per_trainer = _DRAWS.setdefault(trainer, {})
+    if groups not in per_trainer:
+        per_trainer[groups] = tf.function(lambda x, baseline, s: {
+            name: [tf.reshape(g, [-1]) for g in trainer.estimate_gradients(x, baseline, s).gradients[name]]
+            for name in groups})
+    return per_trainer[groups]
+
+
 def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *, num_draws: int,
                        seed: int = 0, groups: tuple[str, ...] = ("encoder_mean", "encoder_scale")) -> dict[str, float]:
     """Total variance (trace of the covariance) of VCD's gradient estimate at fixed parameters.
@@ -330,12 +346,12 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
     """
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
         raise ValueError(f"num_draws={num_draws!r} is invalid: a variance needs an integer >= 2")
-    draw = tf.function(lambda s: {name: [tf.reshape(g, [-1]) for g in trainer.estimate_gradients(x, baseline, s)
-                                         .gradients[name]] for name in groups})
+    draw = _gradient_draws(trainer, groups)
     sums = {name: 0.0 for name in groups}
     squares = {name: 0.0 for name in groups}
+    x, baseline = tf.convert_to_tensor(x, tf.float32), tf.convert_to_tensor(baseline, tf.float32)
     for k in range(num_draws):
-        gradients = draw(tf.constant([seed, k], tf.int32))
+        gradients = draw(x, baseline, tf.constant([seed, k], tf.int32))
         for name in groups:
             flat = tf.concat(gradients[name], axis=0).numpy().astype(np.float64)
             sums[name] = sums[name] + flat
