@@ -75,3 +75,13 @@ def test_every_committed_run_a_notebook_names_is_in_results():
     planned = {run.name for run in PLAN}
     missing = {name: sorted(pages) for name, pages in named.items() if name not in finished | planned}
     assert missing == {}, f"notebooks name runs that results/ does not hold finished: {missing}"
+
+
+def test_the_browser_check_finds_a_dropdown_that_does_not_hide_its_solution(tmp_path):
+    # The exercises' hints and solutions are dropdowns; without the toggle script they show at once.
+    chromium = _chromium()
+    (tmp_path / "page.html").write_text(
+        "<html><body><main><h1>A page</h1><div class='admonition dropdown'>"
+        "<p class='admonition-title'>Solution</p><p>The answer, in plain view.</p></div></main></body></html>")
+    problems = check_book.check_book(tmp_path, ["page"], chromium)
+    assert problems == ["page: dropdown 'Solution' shows its content before a click"], problems

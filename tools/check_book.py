@@ -7,7 +7,8 @@ offline or behind a firewall): the page asks the network for nothing, renders wi
 typesets every equation (MathJax is served by the book), renders every Markdown table as a
 table, cuts no line off behind a horizontal scrollbar (in a 1280-pixel window), loads every image, has every internal
 link pointing at a file of the book (and same-page anchors exist), shows no error text (a
-Python traceback, an error output), and no script on it raises. Prints each problem and exits 1
+Python traceback, an error output), no script on it raises, and every dropdown (the exercises'
+hints and solutions) hides its content until its title is clicked, then shows it. Prints each problem and exits 1
 if there are any. Needs
 ``playwright`` (pip) and a Chromium binary (Debian: ``apt-get install chromium``); runs it with
 --headless --no-sandbox --disable-gpu and no background networking.
@@ -85,6 +86,26 @@ async () => {
 """
 
 
+# Each dropdown admonition (sphinx-togglebutton, served by the book): is its content hidden, and
+# does a click on its title show it? Returns one entry per dropdown.
+_DROPDOWNS = """
+async () => {
+  const visible = e => !!e && e.getClientRects().length > 0 && getComputedStyle(e).visibility !== "hidden";
+  const results = [];
+  for (const box of Array.from(document.querySelectorAll(".admonition.dropdown"))) {
+    const title = box.querySelector(".admonition-title");
+    const body = Array.from(box.children).find(child => child !== title);
+    const name = (title ? title.textContent : "").trim().slice(0, 40);
+    const hidden = !visible(body);
+    if (title) title.click();
+    await new Promise(resolve => setTimeout(resolve, 50));
+    results.push({name: name, hidden_first: hidden, shown_after_click: visible(body)});
+  }
+  return results;
+}
+"""
+
+
 def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
     """Problems found in the built book (an empty list when it is fine)."""
     from playwright.sync_api import sync_playwright
@@ -131,6 +152,11 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
                 problems.append(f"{name}: {facts['errors']} error/stderr output block(s)")
             for href in facts["links"]:
                 problems += _check_link(name, path, href, set(facts["ids"]), html_dir)
+            for dropdown in page.evaluate(_DROPDOWNS):
+                if not dropdown["hidden_first"]:
+                    problems.append(f"{name}: dropdown {dropdown['name']!r} shows its content before a click")
+                elif not dropdown["shown_after_click"]:
+                    problems.append(f"{name}: dropdown {dropdown['name']!r} does not open when its title is clicked")
         browser.close()
     return problems
 
