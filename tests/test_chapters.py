@@ -79,6 +79,10 @@ def test_every_figure_is_numbered_and_captioned(page):
         assert figure.get("name") and len(figure.get("caption", "")) > 40, \
             f"{page}: cell {index} draws a figure with no name or no caption saying what to see"
         assert _images(cell) == 1, f"{page}: cell {index} draws {_images(cell)} figures under one caption"
+        # myst-nb gives every rich output of a named cell the figure's name: a last expression's
+        # repr beside the image (end the cell with ';') makes the name a duplicate, and the build fails.
+        rich = [o.output_type for o in cell.outputs if o.output_type in ("display_data", "execute_result")]
+        assert rich == ["display_data"], f"{page}: cell {index} shows {rich} under one figure name: end it with ';'"
         names.append(figure["name"])
     assert len(names) == len(set(names)), f"{page}: figure names repeat: {names}"
     for target in re.findall(r"\{numref\}`(?:[^`<]*<)?([^`>]+)>?`", _markdown(notebook)):
