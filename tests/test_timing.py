@@ -82,7 +82,11 @@ def test_compare_finds_no_difference_between_identical_variants():
     b = result["b"]
     assert b.low < 1 < b.high and not b.differs and b.verdict == "no difference resolved"
     assert b.low <= b.ratio <= b.high and b.rounds == 20 and b.confidence == 0.95
-    assert "no difference resolved" in str(b)
+    assert str(b).endswith("(95% interval, 20 rounds): no difference resolved"), str(b)
+    # Fewer rounds than an interval needs: the result says what its bracket is.
+    few = timing.compare(_alternated({"a": [0.04, 0.05, 0.04], "b": [0.05, 0.04, 0.06]}), baseline="a")["b"]
+    assert str(few).endswith("(only 3 rounds: about their range, not a 95% interval): no difference resolved"), str(few)
+    assert timing.MIN_INTERVAL_ROUNDS == 10
 
 
 def test_compare_resolves_a_variant_twice_as_slow():

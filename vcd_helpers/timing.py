@@ -102,6 +102,11 @@ def time_alternately(variants: dict[str, Callable[[], Any]], *, repeats: int = 5
             for name in variants}
 
 
+#: The fewest alternated rounds whose bootstrap interval is worth the name (with fewer, the
+#: bootstrap median can only take the few per-round ratios: the interval is about their range).
+MIN_INTERVAL_ROUNDS = 10
+
+
 @dataclass(frozen=True)
 class RatioInterval:
     """A variant's time over the baseline's: the median of the per-round ratios and its interval.
@@ -130,8 +135,10 @@ class RatioInterval:
         return "slower" if self.low > 1.0 else "faster"
 
     def __str__(self) -> str:
-        return (f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] "
-                f"({self.confidence:.0%} interval, {self.rounds} rounds): {self.verdict}")
+        # Below MIN_INTERVAL_ROUNDS the bootstrap can only return the rounds' own ratios: say so.
+        basis = (f"{self.confidence:.0%} interval, {self.rounds} rounds" if self.rounds >= MIN_INTERVAL_ROUNDS
+                 else f"only {self.rounds} rounds: about their range, not a {self.confidence:.0%} interval")
+        return f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] ({basis}): {self.verdict}"
 
 
 def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.95, seed: int = 0,
@@ -146,8 +153,8 @@ def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.
     in the result, the baseline too (exactly 1).
 
     With few rounds the interval is coarse: the bootstrap median of r rounds can only take the
-    values of the r ratios, so with 3 rounds the interval is their range. Ten rounds or more
-    give a usable interval.
+    values of the r ratios, so with 3 rounds the interval is their range. ``MIN_INTERVAL_ROUNDS``
+    (10) or more give a usable interval; with fewer, the printed result says so.
 
     Raises ValueError for an unknown ``baseline``, fewer than 3 rounds, variants with different
     numbers of rounds, a non-positive call time, a ``confidence`` outside (0, 1) or a
