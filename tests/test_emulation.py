@@ -140,6 +140,14 @@ def test_per_step_model_and_fit_recover_known_values():
         np.testing.assert_allclose(emulation.per_step_model(k[pick], value + own, tau), t[pick])
     fitted_tau, fitted_own = emulation.fit_per_call(k, t, latency)
     assert fitted_tau == pytest.approx(tau) and fitted_own == pytest.approx(own, abs=1e-12)
+    # A 100 ms wait that overshoots by 2% at k = 1 (a sleep's overshoot): the fit weighs residuals
+    # relative to each point, so the short points still set λ₀ (unweighted, 0.3 ms came out as 1.3 ms).
+    k2 = np.array([1, 2, 5, 10, 20, 50] * 2)
+    latency2 = np.repeat([0.0, 0.1], 6)
+    t2 = emulation.per_step_model(k2, 0.0, tau) + (latency2 + own) / k2
+    t2[6] *= 1.02
+    fitted_tau, fitted_own = emulation.fit_per_call(k2, t2, latency2)
+    assert fitted_own == pytest.approx(own, abs=1e-4) and fitted_tau == pytest.approx(tau, rel=0.02)
     feed = emulation.per_step_model(np.array([1, 4]), 0.01, 0.002, feed_latency=0.003, bytes_per_step=500,
                                     bandwidth=1000.0)
     np.testing.assert_allclose(feed, [0.016 + 0.5 + 0.002, 0.004 + 0.5 + 0.002])
@@ -154,3 +162,5 @@ def test_model_and_fit_refuse_bad_input():
         emulation.fit_per_call(np.array([2, 2]), np.array([1.0, 1.0]), np.zeros(2))
     with pytest.raises(ValueError, match="shapes"):
         emulation.fit_per_call(np.array([1, 2]), np.array([1.0]), np.zeros(2))
+    with pytest.raises(ValueError, match=r"seconds_per_step=\[1.0, 0.0\]"):
+        emulation.fit_per_call(np.array([1, 2]), np.array([1.0, 0.0]), np.zeros(2))

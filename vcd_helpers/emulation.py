@@ -156,7 +156,9 @@ def fit_per_call(k: np.ndarray, seconds_per_step: np.ndarray, known_latency: np.
 
     ``k``, ``seconds_per_step`` and ``known_latency`` (the emulated part of each point's per-call
     cost, seconds): [n] arrays with at least two different k. Least squares in the per-step time:
-    t - known_latency / k = τ + λ₀ / k, a line in 1/k, each point weighted alike. Returns (τ, λ₀):
+    t - known_latency / k = τ + λ₀ / k, a line in 1/k, each residual relative to its point's t
+    (weights 1/t): a long emulated wait's small relative error (a sleep's overshoot) would
+    otherwise outweigh the short points that alone resolve λ₀. Returns (τ, λ₀):
     the step time and the per-call cost the machine adds by itself, in seconds. Raises ValueError
     for mismatched shapes, k < 1 or fewer than two distinct k."""
     k, t, known = (np.asarray(a, dtype=np.float64) for a in (k, seconds_per_step, known_latency))
@@ -166,5 +168,7 @@ def fit_per_call(k: np.ndarray, seconds_per_step: np.ndarray, known_latency: np.
         raise ValueError(f"k={k.tolist()!r} is invalid: steps per call must be >= 1")
     if len(np.unique(k)) < 2:
         raise ValueError(f"k={k.tolist()!r} is invalid: the fit needs at least two different k")
-    own_latency, step_time = np.polyfit(1 / k, t - known / k, 1)
+    if not np.all(np.isfinite(t) & (t > 0)):
+        raise ValueError(f"seconds_per_step={t.tolist()!r} is invalid: each must be a positive number of seconds")
+    own_latency, step_time = np.polyfit(1 / k, t - known / k, 1, w=1 / t)
     return float(step_time), float(own_latency)
