@@ -330,7 +330,7 @@ def format_breakdown(breakdown: StepBreakdown) -> str:
              f"{b.step_gflops / b.matmul_rate:.0%} of the dense rate"]
     lines += [f"  {name:<58}{ms:>6.1f} ms {ms / b.step:>5.0%}" for name, ms in b.parts().items()]
     lines.append(f"  the multiplies alone: {b.dots_gflops:.0f} GFLOP/s, {b.dots_gflops / b.matmul_rate:.0%} of the "
-                 f"dense rate ({b.matmul_rate:.0f})")
+                 f"dense rate ({b.matmul_rate:.0f} GFLOP/s)")
     lines.append(f"  the widest multiply alone: {b.shape_gflops:.0f} GFLOP/s, {b.shape_gflops / b.matmul_rate:.0%} "
                  "of the dense rate")
     return "\n".join(lines)

@@ -139,8 +139,8 @@ class Task(NamedTuple):
 def device_orders(schedule: str, num_stages: int, num_micro_batches: int) -> list[list[Task]]:
     """The order of the tasks on each stage's device under ``schedule``: one list per stage.
 
-    grouped: all forwards, then all backwards. interleaved (1F1B): stage s runs
-    ``num_stages - s - 1`` forwards to fill the pipeline, then alternates one forward and one
+    grouped: all forwards, then all backwards. interleaved (1F1B): stage ℓ (from 0) runs
+    ``num_stages - ℓ - 1`` forwards to fill the pipeline, then alternates one forward and one
     backward, then drains the remaining backwards. sequential: forwards then backwards per
     micro-batch (``execution_order`` also serialises the devices).
     """
@@ -305,8 +305,8 @@ def schedule_time(schedule: str, num_stages: int, num_micro_batches: int, forwar
 
 
 def in_flight_formula(schedule: str, num_stages: int, num_micro_batches: int) -> list[int]:
-    """Per stage s, the micro-batches a schedule keeps in flight at its peak, by formula:
-    sequential 1; grouped M; interleaved (1F1B) min(P - s, M)."""
+    """Per stage ℓ (from 0), the micro-batches a schedule keeps in flight at its peak, by formula:
+    sequential 1; grouped M; interleaved (1F1B) min(P - ℓ, M)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
     check_positive_int("num_stages", num_stages)
