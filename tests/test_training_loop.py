@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import bench, devices
+from vcd_helpers import bench, devices, timing
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.trainers import build_trainer
@@ -128,6 +129,19 @@ def test_the_step_breakdown_adds_up_to_the_step():
                breakdown.dots_gflops, breakdown.shape_gflops, breakdown.matmul_rate) > 0
     text = bench.format_breakdown(breakdown).splitlines()
     assert len(text) == 7 and max(map(len, text)) <= 80 and "2 block(s)" in text[0]
+    assert breakdown.part_intervals() is None and "[" not in text[1]  # one round: no interval
+    # Enough rounds: each part's per-round difference gets an interval; a part whose rounds
+    # straddle 0 is "not resolved", one that does not is shown with its interval.
+    rounds = bench.MIN_INTERVAL_ROUNDS
+    ms = {"step": [30.0] * rounds, "chain": [20.0 + r % 2 for r in range(rounds)],
+          "evaluations": [20.5 - r % 2 for r in range(rounds)], "dots": [10.0 + r / 100 for r in range(rounds)]}
+    timed = dataclasses.replace(breakdown, timings=breakdown.timings | {
+        name: timing.Timing(tuple(v / 1000 for v in values)) for name, values in ms.items()})
+    intervals = timed.part_intervals()
+    assert intervals["around the chain: encoder, decoder loss, RMSProp"][1:] == pytest.approx((9.0, 10.0))
+    assert intervals["the evaluations' matrix multiplies"][0] == pytest.approx(10.045)
+    lines = bench.format_breakdown(timed).splitlines()
+    assert lines[2].endswith("not resolved") and lines[4].endswith("]") and max(map(len, lines)) <= 80, lines
     with pytest.raises(ValueError, match="method='vae' is invalid"):
         bench.step_breakdown(CONFIG.replace(method="vae"))
 

@@ -30,7 +30,7 @@ from vcd_helpers.devices import compute_threads, cpu_model
 from vcd_helpers.evaluation import make_evaluator
 from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
-from vcd_helpers.timing import Timing, time_alternately, time_calls
+from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import make_training_loop
 
@@ -260,10 +260,30 @@ class StepBreakdown:
 
     def parts(self) -> dict[str, float]:
         """ms of each part of the step, adding up to ``step``."""
-        return {"training around the chain (encoder, decoder loss, RMSProp)": self.step - self.chain,
-                "HMC's own work (momenta, Metropolis, step size, loop)": self.chain - self.evaluations,
-                "elementwise work of the evaluations (softplus, ReLU)": self.evaluations - self.dots,
-                "matrix multiplies of the evaluations": self.dots}
+        return {name: getattr(self, whole) - (getattr(self, less) if less else 0.0)
+                for name, (whole, less) in PARTS.items()}
+
+    def part_intervals(self, confidence: float = 0.95) -> dict[str, tuple[float, float, float]] | None:
+        """Per part, the median over the alternated rounds of its per-round difference (ms) and
+        that median's bootstrap interval, (median, low, high); None with fewer than
+        ``MIN_INTERVAL_ROUNDS`` rounds. A part whose interval holds 0 is not resolved from noise."""
+        rounds = len(self.timings["step"].seconds) if self.timings else 0
+        if rounds < MIN_INTERVAL_ROUNDS:
+            return None
+        ms = {name: 1000 * np.asarray(self.timings[name].seconds) / self.timings[name].units
+              for name in ("step", "chain", "evaluations", "dots")}
+        result = {}
+        for name, (whole, less) in PARTS.items():
+            per_round = ms[whole] - (ms[less] if less else 0.0)
+            result[name] = (float(np.median(per_round)), *median_interval(per_round, confidence=confidence))
+        return result
+
+
+#: The step's parts: (the timed whole, the timed part it contains) whose difference each part is.
+PARTS = {"around the chain: encoder, decoder loss, RMSProp": ("step", "chain"),
+         "HMC's own: momenta, Metropolis, step size, loop": ("chain", "evaluations"),
+         "the evaluations' elementwise work: softplus, ReLU": ("evaluations", "dots"),
+         "the evaluations' matrix multiplies": ("dots", None)}
 
 
 def _decoder_dots(weights: list[tf.Tensor], z: tf.Tensor) -> tf.Tensor:
@@ -323,12 +343,19 @@ def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: in
 
 
 def format_breakdown(breakdown: StepBreakdown) -> str:
-    """The breakdown as a few lines of text: each part's ms and share of the step (a part is a
-    difference of two medians, so on a noisy machine a small one can come out negative)."""
+    """The breakdown as a few lines of text: each part's ms and share of the step (a difference of
+    two medians, so on a noisy machine a small one can come out negative), and, with enough
+    rounds, the 95% interval of its per-round difference, or "not resolved" where that holds 0."""
     b = breakdown
     lines = [f"one VCD step, chain in {b.chain_shards} block(s): {b.step:.1f} ms, {b.step_gflops:.0f} GFLOP/s, "
              f"{b.step_gflops / b.matmul_rate:.0%} of the dense rate"]
-    lines += [f"  {name:<58}{ms:>6.1f} ms {ms / b.step:>5.0%}" for name, ms in b.parts().items()]
+    intervals = b.part_intervals()
+    for name, ms in b.parts().items():
+        line = f"  {name:<50}{ms:>6.1f} ms {ms / b.step:>4.0%}"
+        if intervals:
+            _, low, high = intervals[name]
+            line += " not resolved" if low <= 0 <= high else f" [{low:.1f}, {high:.1f}]"
+        lines.append(line)
     lines.append(f"  the multiplies alone: {b.dots_gflops:.0f} GFLOP/s, {b.dots_gflops / b.matmul_rate:.0%} of the "
                  f"dense rate ({b.matmul_rate:.0f} GFLOP/s)")
     lines.append(f"  the widest multiply alone: {b.shape_gflops:.0f} GFLOP/s, {b.shape_gflops / b.matmul_rate:.0%} "

@@ -180,14 +180,23 @@ def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.
             raise ValueError(f"variant {name!r} has call times {t.seconds}: each must be a positive number of seconds")
         per_unit[name] = seconds
     # The same resampled rounds for every variant (each against the baseline of its own round).
-    picks = np.random.default_rng(seed).integers(0, num_rounds, size=(resamples, num_rounds))
-    tail = (1 - confidence) / 2
     result = {}
     for name, seconds in per_unit.items():
-        ratios = seconds / per_unit[baseline]
-        low, high = np.quantile(np.median(ratios[picks], axis=1), [tail, 1 - tail])
-        result[name] = RatioInterval(float(np.median(ratios)), float(low), float(high), confidence, num_rounds)
+        low, high = median_interval(seconds / per_unit[baseline], confidence=confidence, seed=seed, resamples=resamples)
+        result[name] = RatioInterval(float(np.median(seconds / per_unit[baseline])), low, high, confidence, num_rounds)
     return result
+
+
+def median_interval(values: np.ndarray, *, confidence: float = 0.95, seed: int = 0,
+                    resamples: int = 10_000) -> tuple[float, float]:
+    """The percentile bootstrap interval of the median of ``values`` [rounds], one value per
+    alternated round (a ratio or a difference of two variants' times in that round). The same
+    ``seed`` resamples the same rounds, so intervals of variants timed together are comparable."""
+    values = np.asarray(values, dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(np.median(values[picks], axis=1), [tail, 1 - tail])
+    return float(low), float(high)
 
 
 class Stopwatch:
