@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import os
 import platform
 import sys
 
@@ -25,6 +26,13 @@ def show_source(obj: object) -> Code:
     return Code(inspect.getsource(obj), language="python")
 
 
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # not on every platform
+        return "unknown"
+
+
 def watermark() -> str:
     """Date, the code's git commit, machine and CPU, Python and package versions, and the active
     run profile."""
@@ -34,6 +42,8 @@ def watermark() -> str:
         f"Last run: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"Code: git commit {commit}",
         f"Machine: {platform.machine()} {platform.system()} ({cpu_model()}), Python {sys.version.split()[0]}",
+        # The load says whether a chapter's timings were taken on a quiet machine.
+        f"Load average: {_load_average()} (1 min) on {os.cpu_count()} cores",
         f"Run profile: {active_profile().name}",
     ]
     for package, version in package_versions(WATERMARK_PACKAGES).items():

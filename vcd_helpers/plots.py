@@ -63,12 +63,16 @@ def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_siz
     axes[0].set(xlabel="HMC iteration", ylabel="log p(x, z_t) - log p(x, z_0)", title="climb of the log joint")
     axes[0].legend(loc="best")
     ax_rate = axes[1]
-    ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green")
-    ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1)
+    ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green",
+                 label="acceptance (fraction of chains)")
+    ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1, label="target acceptance")
     ax_rate.set(xlabel="HMC iteration", ylabel="acceptance", ylim=(0, 1.05), title="acceptance and step size")
     ax_step = ax_rate.twinx()
-    ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red")
+    ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red", label="step size h")
     ax_step.set_ylabel("step size", color="tab:red")
+    handles, labels = (sum(pair, []) for pair in zip(ax_rate.get_legend_handles_labels(),
+                                                      ax_step.get_legend_handles_labels()))
+    ax_rate.legend(handles, labels, loc="lower right", fontsize=9)
     n = min(len(before), 16)
     image_grid(before, 4, n // 4, ax=axes[2], title="decoded z at the start")
     image_grid(after, 4, n // 4, ax=axes[3], title="decoded z at the end")
