@@ -67,8 +67,9 @@ async () => {
   const maths = Array.from(document.querySelectorAll(".math"));
   return {
     equations: maths.length,
-    // Code, outputs and tables whose lines are cut off behind a horizontal scrollbar.
-    cut_off: Array.from(document.querySelectorAll("article pre, .pst-scrollable-table-container, .table-wrapper"))
+    // Code, outputs, tables and display equations whose lines are cut off behind a horizontal scrollbar.
+    cut_off: Array.from(document.querySelectorAll(
+        "article pre, .pst-scrollable-table-container, .table-wrapper, article mjx-container[display='true']"))
       .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim().slice(0, 60)),
     untypeset: maths.filter(m => !m.querySelector("mjx-container")).map(m => m.textContent.slice(0, 40)),
     // A Markdown table printed as text (its |---| delimiter row in a paragraph): a text/markdown
