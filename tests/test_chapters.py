@@ -104,3 +104,35 @@ def test_bookkeeping_is_hidden_from_the_page(page):
              if cell.cell_type == "code" and _bookkeeping(cell.source)
              and "remove-cell" not in cell.metadata.get("tags", [])]
     assert shown == [], f"{page}: assertion or watermark cells shown on the page: {shown} (tag them remove-cell)"
+
+
+def _execution_commit(notebook: nbformat.NotebookNode) -> str | None:
+    """The commit a committed notebook was executed at, from its provenance record ("Code: git commit X")."""
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            found = re.search(r"^Code: git commit ([0-9a-f]{40})", output.get("text", ""), re.MULTILINE)
+            if found:
+                return found.group(1)
+    return None
+
+
+def _code_cells(notebook: nbformat.NotebookNode) -> list[str]:
+    return [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+
+
+@pytest.mark.parametrize("page", NOTEBOOKS)
+def test_the_committed_outputs_come_from_the_committed_code(page):
+    """A chapter's outputs are those of its code: its code cells equal those of the commit it was
+    executed at (markdown may have changed since; a code cell may not, or the outputs are stale)."""
+    import subprocess
+
+    notebook = _read(page)
+    commit = _execution_commit(notebook)
+    assert commit, f"{page}: no provenance record (the hidden watermark cell's output)"
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{page}.ipynb"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"commit {commit[:7]} is not in this checkout's history (a shallow clone?): {shown.stderr.strip()}")
+    then = _code_cells(nbformat.reads(shown.stdout, as_version=4))
+    changed = [index for index, (a, b) in enumerate(zip(then, _code_cells(notebook))) if a != b]
+    assert len(then) == len(_code_cells(notebook)) and not changed, \
+        f"{page}: code cells {changed or 'added or removed'} changed since its execution at {commit[:7]}: re-execute it"
