@@ -99,3 +99,19 @@ def test_the_browser_check_finds_a_dropdown_that_does_not_hide_its_solution(tmp_
         "<p class='admonition-title'>Solution</p><p>The answer, in plain view.</p></div></main></body></html>")
     problems = check_book.check_book(tmp_path, ["page"], chromium)
     assert problems == ["page: dropdown 'Solution' shows its content before a click"], problems
+
+
+def test_the_browser_check_moves_a_precomputed_explorers_sliders(tmp_path):
+    # A working explorer passes; one whose switching script is missing (every frame but the first
+    # stays hidden whatever the sliders say) is reported.
+    from vcd_helpers import widgets
+
+    chromium = _chromium()
+    frames = {(n, h): f"<pre>n={n} h={h}</pre>" for n in (10, 40) for h in (0.01, 0.2)}
+    explorer = widgets.static_explorer(frames, [("iterations", (10, 40)), ("step size", (0.01, 0.2))], note="test").data
+    (tmp_path / "good.html").write_text(f"<html><body><main><h1>A page</h1>{explorer}</main></body></html>")
+    broken = explorer.split("<script>")[0] + "</div>"
+    (tmp_path / "broken.html").write_text(f"<html><body><main><h1>A page</h1>{broken}</main></body></html>")
+    assert check_book.check_book(tmp_path, ["good"], chromium) == []
+    problems = check_book.check_book(tmp_path, ["broken"], chromium)
+    assert any("shows frame(s)" in p for p in problems) and any("does not change" in p for p in problems), problems

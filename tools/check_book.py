@@ -107,6 +107,49 @@ async () => {
 """
 
 
+# Each precomputed explorer (widgets.static_explorer): move every slider to its last position, then
+# to its first, and read which frame is shown and what it holds. Returns one entry per explorer.
+_EXPLORERS = """
+async () => {
+  const results = [];
+  for (const root of Array.from(document.querySelectorAll(".vcd-explorer"))) {
+    const inputs = Array.from(root.querySelectorAll("input[type=range]"));
+    const visible = () => Array.from(root.querySelectorAll(".vcd-frame")).filter(f => !f.hidden && f.getClientRects().length > 0);
+    const state = () => ({key: inputs.map(i => i.value).join("|"), shown: visible().map(f => f.dataset.key),
+                          content: visible().map(f => f.innerHTML.length + ":" + f.innerHTML.slice(-80)).join(),
+                          readouts: inputs.map(i => i.nextElementSibling.textContent)});
+    const moves = [state()];
+    for (const input of inputs) {
+      for (const position of [input.max, input.min]) {
+        input.value = position;
+        input.dispatchEvent(new Event("input", {bubbles: true}));
+        await new Promise(resolve => setTimeout(resolve, 20));
+        moves.push(state());
+      }
+    }
+    results.push({id: root.id, sliders: inputs.length, frames: root.querySelectorAll(".vcd-frame").length, moves: moves});
+  }
+  return results;
+}
+"""
+
+
+def _explorer_problems(name: str, explorer: dict) -> list[str]:
+    """What is wrong with one explorer's recorded slider moves (see _EXPLORERS)."""
+    where = f"{name}: explorer {explorer['id']}"
+    if not explorer["sliders"]:
+        return [f"{where} has no slider"]
+    problems = []
+    for move in explorer["moves"]:
+        if move["shown"] != [move["key"]]:
+            problems.append(f"{where} shows frame(s) {move['shown']} for slider positions {move['key']}")
+    if len({move["content"] for move in explorer["moves"]}) < 2:
+        problems.append(f"{where}: moving its sliders does not change what it shows")
+    if len({tuple(move["readouts"]) for move in explorer["moves"]}) < 2:
+        problems.append(f"{where}: its sliders' readouts do not follow them")
+    return problems
+
+
 def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
     """Problems found in the built book (an empty list when it is fine)."""
     from playwright.sync_api import sync_playwright
@@ -153,6 +196,8 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
                 problems.append(f"{name}: {facts['errors']} error/stderr output block(s)")
             for href in facts["links"]:
                 problems += _check_link(name, path, href, set(facts["ids"]), html_dir)
+            for explorer in page.evaluate(_EXPLORERS):
+                problems += _explorer_problems(name, explorer)
             for dropdown in page.evaluate(_DROPDOWNS):
                 if not dropdown["hidden_first"]:
                     problems.append(f"{name}: dropdown {dropdown['name']!r} shows its content before a click")

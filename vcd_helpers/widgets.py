@@ -1,14 +1,25 @@
-"""Interactive explorers for the chapters (need a live kernel). Used by notebooks only.
+"""Interactive explorers for the chapters. Used by notebooks only.
 
-Each explorer reruns real package code when a slider moves and redraws the same figure the
-chapter shows statically, so the published book and a live session show the same thing.
+The live explorers (``hmc_explorer``, ``training_speed_explorer``) rerun real package code when
+a slider moves; they need a kernel. ``static_explorer`` is their form for the published book:
+the chapter computes the same package code for a grid of slider settings while it executes, and
+the page switches between the precomputed results in the browser, with no kernel and no network.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import html
+import io
+import itertools
+import json
+from typing import Any, Mapping, Sequence
+
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import tensorflow as tf
+from IPython.display import HTML
 
 from vcd_helpers.bench import decoder_layer_gflops, row_from_timing, step_call
 from vcd_helpers.config import Config
@@ -85,3 +96,62 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
         slider.observe(rerun, names="value")
     rerun()
     return widgets.VBox([widgets.HBox([batch, per_call]), output])
+
+
+# Shows the frame whose key is the sliders' positions; hides every other. Inline, so that the
+# page needs nothing from a network or a kernel.
+_SWITCH = """<script>(function () {
+  const root = document.getElementById("%s");
+  const inputs = Array.from(root.querySelectorAll("input[type=range]"));
+  function show() {
+    const key = inputs.map(input => input.value).join("|");
+    inputs.forEach(input => { input.nextElementSibling.textContent = JSON.parse(input.dataset.labels)[input.value]; });
+    root.querySelectorAll(".vcd-frame").forEach(frame => { frame.hidden = frame.dataset.key !== key; });
+    root.dataset.shown = key;
+  }
+  inputs.forEach(input => input.addEventListener("input", show));
+  show();
+})();</script>"""
+
+
+def static_explorer(frames: Mapping[tuple, str], sliders: Sequence[tuple[str, Sequence[Any]]], *,
+                    note: str, initial: tuple | None = None) -> HTML:
+    """Sliders that switch between precomputed results in the page itself (no kernel, no network).
+
+    ``sliders``: (label, values) per slider; ``frames``: an HTML fragment (``figure_html``, a
+    ``<pre>``) for every combination of values, keyed by the tuple of values in the sliders'
+    order; ``note``: one line saying what was precomputed, on what machine; ``initial``: the
+    combination shown first (default: each slider's first value). Raises ValueError naming a
+    combination without a frame, or an ``initial`` that is not a combination.
+    """
+    combinations = list(itertools.product(*(values for _, values in sliders)))
+    missing = [c for c in combinations if c not in frames]
+    if missing:
+        raise ValueError(f"frames has no entry for {missing[0]!r} ({len(missing)} of {len(combinations)} "
+                         "combinations missing): give one per combination of the sliders' values")
+    initial = combinations[0] if initial is None else tuple(initial)
+    if initial not in frames:
+        raise ValueError(f"initial={initial!r} is invalid: must be one of the sliders' combinations")
+    # A stable id: the same explorer renders to the same page on every execution.
+    root = "vcd-explorer-" + hashlib.sha1(json.dumps([note, [[l, list(map(str, v))] for l, v in sliders]])
+                                         .encode()).hexdigest()[:10]
+    controls = []
+    for (label, values), start in zip(sliders, initial):
+        labels = html.escape(json.dumps([str(v) for v in values]))
+        controls.append(f'<label style="margin-right:1.5em">{html.escape(label)} <input type="range" min="0" '
+                        f'max="{len(values) - 1}" step="1" value="{list(values).index(start)}" data-labels="{labels}"> '
+                        f'<output>{html.escape(str(start))}</output></label>')
+    index = [{v: i for i, v in enumerate(values)} for _, values in sliders]
+    shown = [f'<div class="vcd-frame" data-key="{"|".join(str(index[d][v]) for d, v in enumerate(c))}"'
+             f'{"" if c == initial else " hidden"}>{frames[c]}</div>' for c in combinations]
+    return HTML(f'<div class="vcd-explorer" id="{root}"><p class="vcd-explorer-note"><em>{html.escape(note)}</em></p>'
+                f'<div>{"".join(controls)}</div>{"".join(shown)}{_SWITCH % root}</div>')
+
+
+def figure_html(fig: plt.Figure, *, dpi: int = 60) -> str:
+    """``fig`` as an inline PNG ``<img>`` (closed afterwards): a frame for ``static_explorer``."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f'<img src="data:image/png;base64,{encoded}" style="max-width:100%" alt="precomputed figure">'
