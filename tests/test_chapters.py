@@ -120,7 +120,7 @@ def _code_cells(notebook: nbformat.NotebookNode) -> list[str]:
     return [cell.source for cell in notebook.cells if cell.cell_type == "code"]
 
 
-@pytest.mark.parametrize("page", NOTEBOOKS)
+@pytest.mark.parametrize("page", CHAPTERS)
 def test_the_committed_outputs_come_from_the_committed_code(page):
     """A chapter's outputs are those of its code: its code cells equal those of the commit it was
     executed at (markdown may have changed since; a code cell may not, or the outputs are stale)."""
