@@ -115,3 +115,19 @@ def test_the_browser_check_moves_a_precomputed_explorers_sliders(tmp_path):
     assert check_book.check_book(tmp_path, ["good"], chromium) == []
     problems = check_book.check_book(tmp_path, ["broken"], chromium)
     assert any("shows frame(s)" in p for p in problems) and any("does not change" in p for p in problems), problems
+
+
+def test_the_browser_check_finds_a_notebook_page_without_its_download(tmp_path):
+    chromium = _chromium()
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "_sources").mkdir()
+    (tmp_path / "_sources" / "a.ipynb").write_text("{}")
+    link = '<a class="btn-download-source-button" href="../_sources/{}.ipynb">.ipynb</a>'
+    for page, target in (("a", "a"), ("b", "b")):  # b's download points at a file the book lacks
+        (tmp_path / "notebooks" / f"{page}.html").write_text(
+            f"<html><body>{link.format(target)}<main><h1>A page</h1></main></body></html>")
+    (tmp_path / "notebooks" / "c.html").write_text("<html><body><main><h1>No download</h1></main></body></html>")
+    assert check_book.check_book(tmp_path, ["notebooks/a"], chromium) == []
+    assert check_book.check_book(tmp_path, ["notebooks/b"], chromium) == [
+        "notebooks/b: broken internal link ../_sources/b.ipynb"]
+    assert check_book.check_book(tmp_path, ["notebooks/c"], chromium) == ["notebooks/c: no download of its notebook (.ipynb)"]

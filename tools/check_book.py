@@ -79,6 +79,8 @@ async () => {
     heading: (document.querySelector("main h1, article h1, h1") || {}).textContent || "",
     images: images.map((img, i) => ({src: img.getAttribute("src"), ok: loaded[i]})),
     links: Array.from(document.querySelectorAll("main a[href], article a[href]")).map(a => a.getAttribute("href")),
+    // The theme's download menu: the page's source (a chapter's .ipynb), served by the book itself.
+    downloads: Array.from(document.querySelectorAll("a.btn-download-source-button[href]")).map(a => a.getAttribute("href")),
     ids: Array.from(document.querySelectorAll("[id]")).map(e => e.id),
     text: document.body.textContent,
     errors: document.querySelectorAll(".output.traceback, .output.error, .output.stderr").length,
@@ -196,6 +198,10 @@ def check_book(html_dir: Path, pages: list[str], chromium: str) -> list[str]:
                 problems.append(f"{name}: {facts['errors']} error/stderr output block(s)")
             for href in facts["links"]:
                 problems += _check_link(name, path, href, set(facts["ids"]), html_dir)
+            if name.startswith("notebooks/") and not any(h.endswith(".ipynb") for h in facts["downloads"]):
+                problems.append(f"{name}: no download of its notebook (.ipynb)")
+            for href in facts["downloads"]:
+                problems += _check_link(name, path, href, set(), html_dir)
             for explorer in page.evaluate(_EXPLORERS):
                 problems += _explorer_problems(name, explorer)
             for dropdown in page.evaluate(_DROPDOWNS):
