@@ -44,5 +44,11 @@ def test_a_static_explorer_refuses_a_missing_frame_or_initial_setting():
 def test_figure_html_inlines_the_figure_as_png():
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
-    tag = widgets.figure_html(fig, dpi=20)
+    tag = widgets.figure_html(fig, dpi=20, colors=16)
     assert tag.startswith('<img src="data:image/png;base64,iVBOR') and not plt.get_fignums()
+    import base64
+    import io
+
+    from PIL import Image
+    image = Image.open(io.BytesIO(base64.b64decode(tag.split("base64,")[1].split('"')[0])))
+    assert image.mode == "P" and len(image.getcolors()) <= 16  # a palette image: a frame of a few KB
