@@ -53,6 +53,11 @@ def test_the_book_builds_without_a_warning(built_book):
         str(path.relative_to(built_book)) for path in built_book.rglob("*.html")}
 
 
+def _page(directory: Path, name: str, body: str) -> None:
+    """A minimal page of the book's shape holding ``body`` under its heading."""
+    (directory / f"{name}.html").write_text(f"<html><body><main><h1>A page</h1>{body}</main></body></html>")
+
+
 def test_the_built_book_renders_in_chromium(built_book):
     chromium = _chromium()
     problems = check_book.check_book(built_book, check_book.toc_pages(), chromium)
@@ -61,9 +66,8 @@ def test_the_built_book_renders_in_chromium(built_book):
 
 def test_the_browser_check_finds_a_table_printed_as_text(tmp_path):
     chromium = _chromium()
-    (tmp_path / "page.html").write_text(
-        "<html><body><main><h1>A page</h1><p>| | a | b |\n|---|---|---|\n| x | 1 | 2 |</p>"
-        "<table><tr><td>| a rendered table's cell |</td></tr></table></main></body></html>")
+    _page(tmp_path, "page", "<p>| | a | b |\n|---|---|---|\n| x | 1 | 2 |</p>"
+                            "<table><tr><td>| a rendered table's cell |</td></tr></table>")
     problems = check_book.check_book(tmp_path, ["page"], chromium)
     assert problems == ["page: a Markdown table shown as text: '| | a | b |\\n|---|---|---|\\n| x | 1 | 2 |'"], problems
 
@@ -94,9 +98,8 @@ def test_every_committed_run_a_notebook_names_is_in_results():
 def test_the_browser_check_finds_a_dropdown_that_does_not_hide_its_solution(tmp_path):
     # The exercises' hints and solutions are dropdowns; without the toggle script they show at once.
     chromium = _chromium()
-    (tmp_path / "page.html").write_text(
-        "<html><body><main><h1>A page</h1><div class='admonition dropdown'>"
-        "<p class='admonition-title'>Solution</p><p>The answer, in plain view.</p></div></main></body></html>")
+    _page(tmp_path, "page", "<div class='admonition dropdown'><p class='admonition-title'>Solution</p>"
+                            "<p>The answer, in plain view.</p></div>")
     problems = check_book.check_book(tmp_path, ["page"], chromium)
     assert problems == ["page: dropdown 'Solution' shows its content before a click"], problems
 
@@ -109,9 +112,8 @@ def test_the_browser_check_moves_a_precomputed_explorers_sliders(tmp_path):
     chromium = _chromium()
     frames = {(n, h): f"<pre>n={n} h={h}</pre>" for n in (10, 40) for h in (0.01, 0.2)}
     explorer = widgets.static_explorer(frames, [("iterations", (10, 40)), ("step size", (0.01, 0.2))], note="test").data
-    (tmp_path / "good.html").write_text(f"<html><body><main><h1>A page</h1>{explorer}</main></body></html>")
-    broken = explorer.split("<script>")[0] + "</div>"
-    (tmp_path / "broken.html").write_text(f"<html><body><main><h1>A page</h1>{broken}</main></body></html>")
+    _page(tmp_path, "good", explorer)
+    _page(tmp_path, "broken", explorer.split("<script>")[0] + "</div>")
     assert check_book.check_book(tmp_path, ["good"], chromium) == []
     problems = check_book.check_book(tmp_path, ["broken"], chromium)
     assert any("shows frame(s)" in p for p in problems) and any("does not change" in p for p in problems), problems

@@ -47,16 +47,24 @@ def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int
     def redraw(_=None):
         with output:
             output.clear_output(wait=True)
-            run = run_on_posterior(model, x, z0=z0, num_iterations=iterations.value,
-                                   num_leapfrog_steps=leapfrog_steps.value, step_size=step.value)
-            plot_hmc_run(run.log_probs, run.accept_rates, run.step_sizes, run.before, run.after,
-                         title=f"mean acceptance {run.accept_rate:.2f}, final step size {run.final_step_size:.4f}")
+            posterior_run_figure(model, x, z0, num_iterations=iterations.value,
+                                 num_leapfrog_steps=leapfrog_steps.value, step_size=step.value)
             plt.show()
 
     for slider in (iterations, leapfrog_steps, step):
         slider.observe(redraw, names="value")
     redraw()
     return widgets.VBox([widgets.HBox([iterations, leapfrog_steps, step]), output])
+
+
+def posterior_run_figure(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int,
+                         num_leapfrog_steps: int, step_size: float) -> plt.Figure:
+    """One setting of the HMC explorer: the chain on p(z | x) from z0 (``run_on_posterior``), drawn
+    by ``plot_hmc_run``; the live explorer shows it, the static one precomputes it per setting."""
+    run = run_on_posterior(model, x, z0=z0, num_iterations=num_iterations, num_leapfrog_steps=num_leapfrog_steps,
+                           step_size=step_size)
+    return plot_hmc_run(run.log_probs, run.accept_rates, run.step_sizes, run.before, run.after,
+                        title=f"mean acceptance {run.accept_rate:.2f}, final step size {run.final_step_size:.4f}")
 
 
 def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (16, 32, 64, 100, 128, 256, 512, 1024),
