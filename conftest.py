@@ -15,3 +15,13 @@ os.environ.setdefault("VCD_PROFILE", "test")
 from vcd_helpers.devices import split_physical_device  # noqa: E402  (after the environment is set)
 
 split_physical_device(4)
+
+SANITIZE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nbval-sanitize.cfg")
+
+
+def pytest_configure(config):
+    """nbval compares outputs after the substitutions in nbval-sanitize.cfg (dates, commits,
+    machine, load, run profile, durations), wherever pytest is started from; an explicit
+    --nbval-sanitize-with wins."""
+    if getattr(config.option, "nbval_sanitize_with", "absent") is None:
+        config.option.nbval_sanitize_with = SANITIZE
