@@ -136,3 +136,22 @@ def test_the_committed_outputs_come_from_the_committed_code(page):
     changed = [index for index, (a, b) in enumerate(zip(then, _code_cells(notebook))) if a != b]
     assert len(then) == len(_code_cells(notebook)) and not changed, \
         f"{page}: code cells {changed or 'added or removed'} changed since its execution at {commit[:7]}: re-execute it"
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    import io
+    import tokenize
+
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+              if t.type not in (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
+    return bool(tokens) and tokens[-1].type == tokenize.OP and tokens[-1].string == ";"
+
+
+@pytest.mark.parametrize("page", NOTEBOOKS)
+def test_no_compared_cell_relies_on_a_semicolon_to_hide_its_value(page):
+    """nbval runs cells without storing them in IPython's history, where a trailing ';' is looked
+    up: there the value shows, in the committed notebook it does not, and the comparison fails."""
+    cells = [index for index, cell in enumerate(_read(page).cells) if cell.cell_type == "code"
+             and "nbval-ignore-output" not in cell.metadata.get("tags", []) and _ends_with_semicolon(cell.source)]
+    assert not cells, f"{page}: cells {cells} end with ';' and nbval compares their outputs: end them with a " \
+                      "statement (plt.show()), or tag them nbval-ignore-output"

@@ -26,6 +26,10 @@ sys.modules["run_experiments"] = runner  # dataclasses look their module up ther
 spec.loader.exec_module(runner)
 
 
+#: What results.json holds at least once a run has finished (run_files.SUMMARY_KEYS).
+FINISHED = {"steps": 400_000, "ms_per_step": 50.0, "examples_per_second": 2000.0, "test_log_likelihood": {"mean": -96.5}}
+
+
 def _config(run):
     return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *run.options]))
 
@@ -75,7 +79,7 @@ def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
         with open(directory / "metrics.csv", "a") as f:
             f.write(f"{_config(run).num_steps},20.0,1\n")
         assert "evaluating" in runner.status(tmp_path).splitlines()[2]  # the final evaluation
-    (directory / "results.json").write_text(json.dumps({"steps": 400_000}))
+    (directory / "results.json").write_text(json.dumps(FINISHED | {"name": run.name}))
     for proposal in run.extra_proposals:
         (directory / f"evaluation-{proposal}-S20000-Nall.json").write_text("{}")
     assert runner._is_done(run, directory)
@@ -96,7 +100,7 @@ def test_a_committed_run_is_not_trained_again(tmp_path, monkeypatch):
     committed, fresh = PLAN[-2], PLAN[-1]  # two short runs of the plan, neither a headline run
     (tmp_path / "results" / committed.name).mkdir(parents=True)
     (tmp_path / "results" / committed.name / "config.json").write_text(_config(committed).to_json())
-    (tmp_path / "results" / committed.name / "results.json").write_text(json.dumps({"steps": 1}))
+    (tmp_path / "results" / committed.name / "results.json").write_text(json.dumps(FINISHED | {"name": committed.name}))
     started = []
     work = runner.Runner(tmp_path, tmp_path, jobs=1, log=lambda message: None)
     monkeypatch.setattr(work, "work", lambda run: started.append(run.name) or "done")
@@ -213,8 +217,8 @@ def test_a_runner_killed_with_9_leaves_no_training_running(tmp_path):
 
 
 @pytest.mark.parametrize("file, damage, shown", [
-    ("config.json", b"{not json", "is damaged (Expecting"),
-    ("metrics.csv", b"step,wall_time,loss\n100,5.0,1\n\xff,x\n", "is damaged (UnicodeDecodeError: "),
+    ("config.json", b"{not json", "is damaged (JSONDecodeError: Expecting"),
+    ("metrics.csv", b"step,wall_time,loss\n100,5.0,1\n\xff,x\n", "is damaged: not UTF-8 text (byte 30)"),
     ("metrics.csv", b"step,wall_time,loss\n100,5.0,1\n200,x,1\n", "is damaged (ValueError: "),
     ("learning_curve.csv", b"step,epoch\n5000,10\n", "is damaged (IndexError: "),
 ])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import data, distributed, runs
+from vcd_helpers import data, distributed, run_files, runs
 from vcd_helpers.cli import main
 from vcd_helpers.config import load_config
 from vcd_helpers.runs import RunDirectory, train_run
@@ -478,7 +478,7 @@ def test_an_evaluation_killed_between_batches_resumes_with_the_same_numbers(tmp_
     name = "evaluation-hmc_moments-S50-N20"
     np.testing.assert_array_equal(np.load(run / f"{name}.npy"), np.load(tmp_path / "whole" / "run" / f"{name}.npy"))
     assert resumed["mean"] == whole["mean"] and resumed["seconds"] > 0
-    assert not (run / runs.PARTIAL_DIR).exists()
+    assert not (run / run_files.PARTIAL_DIR).exists()
 
 
 def _unfinished_copy(finished, tmp_path) -> Path:
@@ -541,3 +541,164 @@ def test_ais_refuses_the_image_counts_plain_evaluation_refuses(tmp_path, finishe
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(re.search(message, line) for line in err), err
     assert not list(run.glob("evaluation-ais-*"))
+
+
+# The reading path: every file a finished run is read from, every kind of damage ----------------
+
+def _runner():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_experiments", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ROOT = Path(__file__).resolve().parent.parent
+DAMAGES = ("deleted", "emptied", "truncated", "header only", "garbage bytes", "wrong JSON type")
+OTHER_EVALUATION = "evaluation-hmc_mean-S50-N20"
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "deleted":
+        path.unlink()
+    else:
+        path.write_bytes({"emptied": b"", "truncated": data[: len(data) // 2],
+                          "header only": data.split(b"\n", 1)[0] + b"\n", "garbage bytes": b"\xff\xfe\x00 gar\x81bage",
+                          "wrong JSON type": b"[1, 2]\n"}[how])
+
+
+@pytest.fixture(scope="module")
+def curved(tmp_path_factory, config_file) -> Path:
+    """A finished small run with a learning curve row every epoch (steps 20 and 40)."""
+    directory = tmp_path_factory.mktemp("curved") / "run"
+    config = load_config(config_file).replace(curve_every_epochs=1.0)
+    train_run(config, directory, progress=False, jit_compile=False)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def read_run(tmp_path_factory, curved) -> Path:
+    """A finished run with a learning curve and a second proposal's evaluation beside it (as
+    runs 1-3 have)."""
+    run = tmp_path_factory.mktemp("read") / "run"
+    shutil.copytree(curved, run)
+    record = run_files.read_results(run)["test_log_likelihood"] | {"proposal": "hmc_mean", "checkpoint_step": 40, "seconds": 1.0,
+                                                   "cpu_model": "test", "code": {"commit": None, "dirty": False}}
+    (run / f"{OTHER_EVALUATION}.json").write_text(json.dumps(record))
+    np.save(run / f"{OTHER_EVALUATION}.npy", np.load(run / run_files.PER_EXAMPLE_FILE))
+    return run
+
+
+def _read_everything(run: Path) -> float:
+    """What chapter 7 and the appendix read of a finished run; its test log-likelihood."""
+    from vcd_helpers import analysis
+
+    finished_run = analysis.load_run(run)
+    finished_run.evaluation()
+    finished_run.evaluation("hmc_mean")
+    finished_run.local_baseline()
+    return finished_run.results["test_log_likelihood"]["mean"]
+
+
+@pytest.mark.parametrize("name", [run_files.CONFIG_FILE, run_files.RESULTS_FILE, run_files.METRICS_FILE,
+                                  run_files.CURVE_FILE, run_files.LAUNCHES_FILE, run_files.PER_EXAMPLE_FILE,
+                                  run_files.LOCAL_BASELINE_FILE, f"{OTHER_EVALUATION}.json",
+                                  f"{OTHER_EVALUATION}.npy"])
+def test_every_damage_to_a_file_a_finished_run_is_read_from_is_recovered_or_named(tmp_path, read_run, name):
+    """The reading path: each damage either leaves the run readable with the same numbers, or is
+    a RunDirectoryError (FileNotFoundError for a deleted file) naming the file; never another
+    exception. The runner's status line holds to the same rule."""
+    runner = _runner()
+    intact = _read_everything(read_run)
+    plan_run = next(run for run in runner.PLAN if run.headline)
+    outcomes = {}
+    for how in DAMAGES:
+        run = tmp_path / how.replace(" ", "_")
+        shutil.copytree(read_run, run)
+        _damage(run / name, how)
+        try:
+            assert _read_everything(run) == intact
+            outcomes[how] = "read"
+        except (run_files.RunDirectoryError, FileNotFoundError) as error:
+            assert name in str(error), (how, str(error))
+            outcomes[how] = "named"
+        try:
+            runner._status_line(plan_run, run, 30)
+        except run_files.RunDirectoryError as error:
+            assert name in str(error), (how, str(error))
+    if name in (run_files.CONFIG_FILE, run_files.RESULTS_FILE):
+        assert set(outcomes.values()) == {"named"}, outcomes  # the numbers come from them
+    if name == run_files.PER_EXAMPLE_FILE:  # optional: runs older than it lack it
+        assert outcomes.pop("deleted") == "read" and set(outcomes.values()) == {"named"}, outcomes
+    if name == run_files.LAUNCHES_FILE:
+        assert set(outcomes.values()) == {"read"}, outcomes  # the numbers never depend on it
+
+
+@pytest.mark.parametrize("contents", [b"{}", b"[1, 2]", b"", b'{"name": "x"}'])
+def test_the_runner_does_not_count_a_damaged_results_file_as_done(tmp_path, read_run, contents):
+    runner = _runner()
+    run = tmp_path / "run"
+    shutil.copytree(read_run, run)
+    plan_run = next(run for run in runner.PLAN if not run.extra_proposals)
+    assert runner._is_done(plan_run, run)
+    (run / run_files.RESULTS_FILE).write_bytes(contents)
+    assert not runner._is_done(plan_run, run)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied"])
+@pytest.mark.parametrize("file", ["weights.data-00000-of-00001", "weights.index"])
+def test_evaluate_names_damaged_final_weights_and_what_to_do(tmp_path, finished, capsys, file, damage):
+    run = _copy(finished, tmp_path)
+    _damage(run / "model" / file, damage)
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"the final weights in {run / 'model'} are damaged" in err and "run the training command" in err, err
+
+
+def test_a_damaged_saved_evaluation_batch_is_computed_again(tmp_path):
+    good = tmp_path / "batch-00000.npz"
+    np.savez(good, estimates=np.array([-90.0, -91.0]), seconds=2.5)
+    (tmp_path / "batch-00001.npz").write_bytes(b"")  # emptied by a full disk
+    (tmp_path / "batch-00002.npz").write_bytes(good.read_bytes()[:40])  # cut short
+    done, seconds = run_files.read_partial(tmp_path)
+    assert list(done) == [0] and done[0].tolist() == [-90.0, -91.0] and seconds == 2.5
+
+
+def test_a_record_appended_to_a_cut_line_keeps_a_line_of_its_own(tmp_path):
+    path = tmp_path / "launches.jsonl"
+    path.write_bytes(b'{"time": "2026", "code": {"commit": null, "dirty": false}}\n{"time": "20')  # cut by a full disk
+    run_files.append_jsonl(path, {"time": "2027", "code": {"commit": "abc", "dirty": False}})
+    warnings: list[str] = []
+    launches = run_files.read_launches(tmp_path, warnings)
+    assert [launch["time"] for launch in launches] == ["2026", "2027"]
+    assert len(warnings) == 1 and "line(s) 2 damaged" in warnings[0]
+
+
+def _resumable_from_20(curved, tmp_path) -> Path:
+    run = _unfinished_copy((curved, None), tmp_path)
+    for path in (run / "checkpoints").glob("ckpt-40.*"):
+        path.unlink()
+    return run
+
+
+def test_a_damaged_curve_row_is_named_before_anything_is_trained(tmp_path, curved, capsys):
+    run = _resumable_from_20(curved, tmp_path)
+    lines = (run / "learning_curve.csv").read_text().splitlines()
+    fields = lines[1].split(",")
+    fields[3] = "-1O7.5"  # a letter O for a zero
+    (run / "learning_curve.csv").write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    assert main(["train", "--config", str(run / "config.json"), "--results", str(run), "--quiet", "--no-xla"]) == 2
+    assert f"{run / 'learning_curve.csv'}, line 2, is damaged" in capsys.readouterr().err
+    assert len((run / "launches.jsonl").read_text().splitlines()) == 1  # refused before this process's launch
+
+
+def test_curve_rows_lost_before_the_checkpoint_are_reported(tmp_path, curved, capsys):
+    run = _resumable_from_20(curved, tmp_path)
+    _damage(run / "learning_curve.csv", "header only")
+    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    lost = "holds 0 of its 1 row(s) up to step 20: the others are lost"
+    assert any(lost in warning for warning in results["warnings"]), results["warnings"]
+    assert run_files.read_curve(run)["step"].tolist() == [40]

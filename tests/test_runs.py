@@ -17,8 +17,8 @@ import pytest
 
 from vcd_helpers.cli import _parser, main, resolve_config
 from vcd_helpers.config import Config, load_config
-from vcd_helpers.runs import (RunDirectory, RunDirectoryError, evaluate_run, read_curve, read_launches,
-                              restore_trainer, train_run)
+from vcd_helpers.run_files import RunDirectoryError, read_curve, read_launches
+from vcd_helpers.runs import RunDirectory, evaluate_run, restore_trainer, train_run
 
 # The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
 # (local control variates across the scheduled switch, adapted step size, optimiser slots, data

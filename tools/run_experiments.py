@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -46,11 +45,10 @@ sys.path.insert(0, str(ROOT))
 from vcd_helpers.cli import SUPERVISOR_ENV  # noqa: E402  (the work tree's package: the plan and paths)
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
 from vcd_helpers.experiments import PLAN, Run  # noqa: E402
-from vcd_helpers.runs import (COMMITTED_RESULTS as RESULTS, RunDirectory, RunDirectoryError,  # noqa: E402
-                              evaluation_file_name)
-
-SMALL_FILES = ("config.json", "metrics.csv", "learning_curve.csv", "results.json", "launches.jsonl",
-               "per_example_log_likelihood.npy", "local_baseline.npy", "resume_checks.jsonl")
+from vcd_helpers.run_files import (COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE, MODEL_DIR,  # noqa: E402
+                                   SMALL_FILES, RunDirectoryError, evaluation_file_name, finished_results,
+                                   read_config, read_text)
+from vcd_helpers.runs import RunDirectory  # noqa: E402
 
 
 def runs_dir(arg: str | None) -> Path:
@@ -59,15 +57,11 @@ def runs_dir(arg: str | None) -> Path:
 
 # ------------------------------------------------------------------------------------ state
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _missing_evaluations(run: Run, directory: Path) -> list[str]:
-    evaluation = RunDirectory(directory).stored_config().evaluation
+    config = read_config(directory)
+    if config is None:
+        raise RunDirectoryError(f"{directory} holds no config.json")
+    evaluation = config.evaluation
     return [p for p in run.extra_proposals
             if not (directory / evaluation_file_name(dataclasses.replace(evaluation, proposal=p))).exists()]
 
@@ -76,7 +70,7 @@ def _is_done(run: Run, directory: Path) -> bool:
     """Finished and evaluated; a run whose config.json is damaged is not (its training command then
     names the file, and the runner logs that and goes on with the other runs)."""
     try:
-        return _read_json(directory / "results.json") is not None and not _missing_evaluations(run, directory)
+        return finished_results(directory) is not None and not _missing_evaluations(run, directory)
     except RunDirectoryError:
         return False
 
@@ -89,8 +83,8 @@ def _is_committed(run: Run) -> bool:
 
 def _tail_rows(path: Path, n: int) -> list[list[str]]:
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
+        lines = read_text(path).splitlines()
+    except FileNotFoundError:
         return []
     return [line.split(",") for line in lines[1:] if line.strip()][-n:]
 
@@ -123,7 +117,7 @@ def collect(run: Run, directory: Path) -> Path:
         if (directory / name).exists():
             shutil.copy2(directory / name, target / name)
     if run.headline:
-        shutil.copytree(directory / "model", target / "model", dirs_exist_ok=True)
+        shutil.copytree(directory / MODEL_DIR, target / MODEL_DIR, dirs_exist_ok=True)
     return target
 
 
@@ -270,19 +264,19 @@ def _naming(path: Path):
 def _status_line(run: Run, directory: Path, width: int) -> str:
     """``status``'s line for one run. Raises RunDirectoryError naming a damaged config.json,
     metrics.csv or learning_curve.csv."""
-    results = _read_json(directory / "results.json")
+    results = finished_results(directory)
     holder = RunDirectory(directory).holder()
-    config = RunDirectory(directory).stored_config()
+    config = read_config(directory)
     if config is None:
         return f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}"
-    with _naming(directory / "metrics.csv"):
-        rows = _tail_rows(directory / "metrics.csv", 6)
+    with _naming(directory / METRICS_FILE):
+        rows = _tail_rows(directory / METRICS_FILE, 6)
         step = int(rows[-1][0]) if rows else 0
         ms = (sorted(1000 * (float(b[1]) - float(a[1])) / (int(b[0]) - int(a[0])) for a, b in zip(rows, rows[1:]))
               if len(rows) > 1 else [])
     ms_per_step = ms[len(ms) // 2] if ms else float("nan")
-    with _naming(directory / "learning_curve.csv"):
-        curve = _tail_rows(directory / "learning_curve.csv", 1)
+    with _naming(directory / CURVE_FILE):
+        curve = _tail_rows(directory / CURVE_FILE, 1)
         curve_ll = f"{float(curve[-1][3]):.2f}" if curve else "-"
         curve_seconds = float(curve[-1][8]) if curve else 0.0
     epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"

@@ -13,7 +13,6 @@ A run is a results directory of the training command (chapter 7 reads the commit
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ import numpy as np
 import tensorflow_probability as tfp
 
 from vcd_helpers.config import Config
-from vcd_helpers.runs import (LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE, RunDirectory, evaluation_file_name,
-                              read_curve, read_launches, read_metrics, read_results)
+from vcd_helpers.run_files import (CURVE_FILE, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE, RunDirectoryError,
+                                   evaluation_file_name, read_array, read_config, read_curve, read_json_object, read_launches,
+                                   read_metrics, read_results)
 
 
 class Interval(NamedTuple):
@@ -98,7 +98,7 @@ class FinishedRun:
             raise FileNotFoundError(f"{path}: run {self.name} has no evaluation with proposal {proposal!r}; "
                                     f"make it with: python -m vcd_helpers evaluate {self.path} --proposal {proposal}")
         estimates = path.with_suffix(".npy")
-        return json.loads(path.read_text()) | {"per_example": np.load(estimates) if estimates.exists() else None}
+        return read_json_object(path) | {"per_example": read_array(estimates) if estimates.exists() else None}
 
     def metric_mean(self, column: str, start_epoch: float, end_epoch: float) -> float:
         """The mean of a metrics.csv column over the rows logged after epoch ``start_epoch`` and up
@@ -113,14 +113,16 @@ class FinishedRun:
     def local_baseline(self) -> np.ndarray | None:
         """The final per-image control variate [50,000] (local and scheduled runs), or None."""
         path = self.path / LOCAL_BASELINE_FILE
-        return np.load(path) if path.exists() else None
+        return read_array(path) if path.exists() else None
 
 
 def load_run(directory: str | os.PathLike) -> FinishedRun:
     """A finished run's files. Raises RunDirectoryError when the run has not finished."""
     path = Path(directory)
-    config = RunDirectory(path).stored_config()
+    config = read_config(path)
+    if config is None:
+        raise RunDirectoryError(f"{path} holds no config.json: not a results directory")
     results = read_results(path)
-    curve = read_curve(path) if (path / "learning_curve.csv").exists() else None
-    per_example = np.load(path / PER_EXAMPLE_FILE) if (path / PER_EXAMPLE_FILE).exists() else None
+    curve = read_curve(path) if (path / CURVE_FILE).exists() else None
+    per_example = read_array(path / PER_EXAMPLE_FILE) if (path / PER_EXAMPLE_FILE).exists() else None
     return FinishedRun(path.name, path, config, results, read_metrics(path), curve, per_example, read_launches(path))

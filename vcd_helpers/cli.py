@@ -266,7 +266,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     strategy = build_strategy(config)  # before any other TensorFlow op
     _report_ready()
-    from vcd_helpers.runs import SUMMARY_KEYS, RunDirectory, train_run
+    from vcd_helpers.run_files import SUMMARY_KEYS
+    from vcd_helpers.runs import RunDirectory, train_run
 
     if args.resume and RunDirectory(args.results).stored_config() is None:
         raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")

@@ -1,23 +1,6 @@
 """A training run in a results directory: resolved config, metrics, checkpoints, results.
 
-Layout of a results directory ``DIR``:
-
-    DIR/config.json      the resolved configuration (what ``Config.to_dict`` gives)
-    DIR/metrics.csv      one row per logging window: step, wall_time and the window's mean metrics
-    DIR/tensorboard/     the same scalars for TensorBoard
-    DIR/checkpoints/     tf.train checkpoints (the newest few)
-    DIR/learning_curve.csv  the periodic evaluation (``curve_every_epochs``): step, epoch, training
-                         seconds so far and the test log-likelihood on a fixed subset
-    DIR/launches.jsonl   one line per process that trained the run: time, start step, code commit, CPU
-    DIR/resume_checks.jsonl  per resume: the rows written again against the ones they replaced
-    DIR/model/           the final weights (``restore_model`` loads them), a few MB, with, for VCD,
-                         the chain's adapted step size and the control variate (``restore_trainer``)
-    DIR/results.json     written at the end: test log-likelihood, speed, device, versions, command
-    DIR/per_example_log_likelihood.npy  the final evaluation's estimate for each image, [N] float32
-    DIR/local_baseline.npy  the final local control variate (local and scheduled kinds), [50,000]
-    DIR/evaluation-*.json  written by ``evaluate_run`` (``python -m vcd_helpers evaluate DIR``)
-    DIR/partial/         the batches of an evaluation in progress, so that a killed one resumes
-    DIR/.lock            held (flock) by the process training the run: a second one is refused
+The directory's layout, and the one way to read each of its files, are in ``run_files``.
 
 A checkpoint holds everything a run needs to continue exactly: the weights, the optimisers'
 slots, the control variate, the adapted HMC step size, the step counter and the wall time so far.
@@ -41,7 +24,6 @@ import math
 import os
 import shutil
 import sys
-import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,38 +39,21 @@ from vcd_helpers.distributed import strategy_name
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
+# COMMITTED_RESULTS and read_results are imported for the chapters, which read them as runs.*.
+from vcd_helpers.run_files import (CHECKPOINT_DIR, COMMITTED_RESULTS, CONFIG_FILE, CURVE_COLUMNS, CURVE_FILE,
+                                   CURVE_STRINGS, LAUNCHES_FILE, LOCAL_BASELINE_FILE, LOCK_FILE, METRICS_FILE,
+                                   MODEL_DIR, MODEL_PREFIX, PARTIAL_DIR, PER_EXAMPLE_FILE, RESULTS_FILE,
+                                   RESUME_CHECKS_FILE, TENSORBOARD_DIR, RunDirectoryError, append_jsonl, csv_rows,
+                                   evaluation_file_name, finished_results, read_config, read_launches, read_metrics,
+                                   read_partial, read_results, warn)
 from vcd_helpers.timing import Stopwatch, time_calls
 from vcd_helpers.trainers import build_trainer, check_chain_shards
 from vcd_helpers.training import Trainer, fit
 
-#: The runs committed with this checkout, one directory each (results/NAME): what the chapters read.
-COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "results"
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.csv"
-RESULTS_FILE = "results.json"
-CHECKPOINT_DIR = "checkpoints"
-TENSORBOARD_DIR = "tensorboard"
-CURVE_FILE = "learning_curve.csv"
-LAUNCHES_FILE = "launches.jsonl"
-MODEL_DIR = "model"
-MODEL_PREFIX = "weights"
-PER_EXAMPLE_FILE = "per_example_log_likelihood.npy"
-LOCAL_BASELINE_FILE = "local_baseline.npy"
-RESUME_CHECKS_FILE = "resume_checks.jsonl"
-LOCK_FILE = ".lock"
-PARTIAL_DIR = "partial"
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
-#: What the training command prints of a finished run's results.json: without them it is damaged.
-SUMMARY_KEYS = ("name", "steps", "ms_per_step", "examples_per_second", "test_log_likelihood")
-CURVE_COLUMNS = ["step", "epoch", "train_seconds", "log_likelihood", "standard_error", "num_examples",
-                 "num_samples", "proposal", "eval_seconds"]
 KEPT_CHECKPOINTS = 3
 VERSION_PACKAGES = ("tensorflow", "tensorflow-probability", "numpy", "vcd_helpers")
-
-
-class RunDirectoryError(RuntimeError):
-    """The results directory cannot be used for this run (it holds something else, or is damaged)."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -100,11 +65,6 @@ COIN_FLIP_LOG_LIKELIHOOD = 784 * math.log(0.5)
 #: A run ten times worse than that, in its test log-likelihood or its final per-image loss (an
 #: untrained model starts near 600), has diverged even if nothing became NaN.
 DIVERGED_FACTOR = 10
-
-
-def _warn(warnings: list[str], message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-    warnings.append(message)
 
 
 def versions() -> dict[str, str]:
@@ -187,30 +147,15 @@ class RunDirectory:
         """The config of the run this directory holds (None for a new directory).
 
         Raises RunDirectoryError naming config.json when it is damaged."""
-        if not self.config_file.exists():
-            return None
-        try:
-            return Config.from_dict(json.loads(self.config_file.read_text(encoding="utf-8")))
-        except (ValueError, UnicodeDecodeError) as error:
-            raise RunDirectoryError(
-                f"{self.config_file} is damaged ({error}): it records which run this directory holds. Restore "
-                "it (e.g. from a copy of the run), or train into a new --results directory") from None
+        return read_config(self.path)
 
     def stored_results(self) -> dict[str, Any] | None:
-        """results.json of a finished run; None when absent or damaged: not JSON, or not an object
-        holding ``SUMMARY_KEYS`` with a test mean (the run is then evaluated again, with a warning)."""
-        try:
-            results = json.loads(self.results_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (ValueError, UnicodeDecodeError):
-            results = None
-        if isinstance(results, dict) and all(key in results for key in SUMMARY_KEYS) and isinstance(
-                results["test_log_likelihood"], dict) and "mean" in results["test_log_likelihood"]:
-            return results
-        print(f"warning: {self.results_file} is damaged; evaluating the finished run again to rewrite it",
-              file=sys.stderr, flush=True)
-        return None
+        """results.json of a finished run; None when absent or damaged (``finished_results``: the
+        run is then evaluated again, with a warning)."""
+        results = finished_results(self.path)
+        if results is None and self.results_file.exists():
+            warn(None, f"{self.results_file} is damaged; evaluating the finished run again to rewrite it")
+        return results
 
     def claim(self, config: Config) -> None:
         """Make the directory this run's, or raise RunDirectoryError if it holds another run.
@@ -235,32 +180,26 @@ class RunDirectory:
                 + ". Use a new --results directory, or the same options to resume that run.")
 
 
-def keep_rows_up_to(path: Path, columns: list[str], step: int) -> list[list[str]]:
-    """Drop the rows of a CSV file (first column: step) written after ``step``: a run resumed
-    from the checkpoint at ``step`` writes them again, identically. Returns the dropped rows."""
+def keep_rows_up_to(path: Path, columns: list[str], step: int, strings: tuple[str, ...] = ()) -> list[list[str]]:
+    """Drop the rows of a CSV file (``run_files.csv_rows``) written after ``step``: a run resumed
+    from the checkpoint at ``step`` writes them again, identically. Returns the dropped rows.
+    Raises RunDirectoryError naming the file and line when it is damaged."""
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        rows = [(number, row) for number, row in enumerate(csv.reader(f), start=1) if row]
-    if not rows or rows[0][1] != columns:
-        raise RunDirectoryError(f"{path} has columns {rows[0][1] if rows else []}, expected {columns}: it is not "
-                                "this package's file; move it aside to start it anew")
-    for number, row in rows[1:]:
-        if len(row) != len(columns) or not row[0].isdigit():
-            raise RunDirectoryError(f"{path}, line {number}, is damaged ({','.join(row)[:80]!r}); delete that line "
-                                    "(the run rewrites rows after its checkpoint) and run the same command again")
-    kept = [rows[0][1]] + [row for _, row in rows[1:] if int(row[0]) <= step]
+    _, rows = csv_rows(path, columns, strings)
+    kept = [columns] + [row for _, row in rows if int(row[0]) <= step]
     buffer = io.StringIO()
     csv.writer(buffer).writerows(kept)
     write_atomic(path, buffer.getvalue())
-    return [row for _, row in rows[1:] if int(row[0]) > step]
+    return [row for _, row in rows if int(row[0]) > step]
 
 
-def _rows_up_to(path: Path, step: int) -> int:
-    """How many rows of a CSV file (first column: step) are at or before ``step``; damaged rows
-    do not count (``keep_rows_up_to`` names them)."""
-    with open(path, newline="", errors="replace") as f:
-        return sum(1 for row in csv.reader(f) if row and row[0].isdigit() and int(row[0]) <= step)
+def _rows_up_to(path: Path, step: int, strings: tuple[str, ...] = ()) -> int:
+    """How many rows of a CSV file (first column: step) are at or before ``step`` (0: no file).
+    Raises RunDirectoryError naming the file and line when it is damaged."""
+    if not path.exists():
+        return 0
+    return sum(1 for _, row in csv_rows(path, strings=strings)[1] if int(row[0]) <= step)
 
 
 class MetricsLog:
@@ -339,7 +278,7 @@ class LearningCurve:
     def __init__(self, run: RunDirectory, config: Config, model: VAE, resume_step: int):
         self.config = config
         self.path = run.curve_file
-        keep_rows_up_to(self.path, CURVE_COLUMNS, resume_step)
+        keep_rows_up_to(self.path, CURVE_COLUMNS, resume_step, CURVE_STRINGS)
         if not self.path.exists():
             write_atomic(self.path, ",".join(CURVE_COLUMNS) + "\r\n")
         self.evaluate = make_evaluator(model, config.curve, config.hmc)
@@ -390,7 +329,7 @@ def _repair_checkpoint_index(run: RunDirectory, warnings: list[str]) -> None:
                                                     [files[step] for step in sorted(files)])
     else:
         index.unlink()
-    _warn(warnings, f"{index} was damaged ({problem}); rewritten from the {len(files)} checkpoint file(s) there")
+    warn(warnings, f"{index} was damaged ({problem}); rewritten from the {len(files)} checkpoint file(s) there")
 
 
 def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings: list[str], *,
@@ -413,7 +352,7 @@ def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings
             failures.append(f"{Path(candidates[step]).name} ({type(error).__name__}: {str(error).splitlines()[0]})")
             continue
         for failure in failures:
-            _warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
+            warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
         return candidates[step]
     raise RunDirectoryError(f"no checkpoint in {run.checkpoint_dir} could be restored: {'; '.join(failures)}. "
                             "Move the directory aside and train into a new --results directory")
@@ -426,48 +365,18 @@ def _record_launch(run: RunDirectory, start_step: int, command: str, warnings: l
     launch = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "start_step": start_step,
               "pid": os.getpid(), "code": code_version(), "cpu_model": cpu_model(), "command": command,
               "compute_threads": compute_threads(), "chain_shards": chain_shards, "warnings": warnings}
-    with open(run.launches_file, "a") as f:
-        f.write(json.dumps(launch) + "\n")
+    append_jsonl(run.launches_file, launch)
 
 
 def _record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any]) -> None:
     """Append the comparison of the rows this process wrote again (``MetricsLog``) to
     resume_checks.jsonl, and say it: the long runs test every change of the code this way."""
     check = {"resumed_from": start_step, **check, "code": code_version()["commit"]}
-    with open(run.path / RESUME_CHECKS_FILE, "a") as f:
-        f.write(json.dumps(check) + "\n")
+    append_jsonl(run.path / RESUME_CHECKS_FILE, check)
     verdict = ("identical" if check["identical"]
                else f"DIFFERENT, by up to {check['max_relative_difference']:.2g} (relative)")
     print(f"resume check: {check['rows_compared']} row(s) after step {start_step} written again, {verdict}",
           file=sys.stderr, flush=True)
-
-
-def read_launches(results_dir: str | os.PathLike, warnings: list[str] | None = None) -> list[dict[str, Any]]:
-    """launches.jsonl of a results directory (empty when the run predates it).
-
-    A damaged line (cut short by a full disk, garbage bytes, not a launch record) loses only
-    that process's record: it is skipped and named, in a warning appended to ``warnings`` (and
-    printed) when a list is given. The run's numbers never depend on this file, so its damage
-    never stops a run from finishing."""
-    path = Path(results_dir) / LAUNCHES_FILE
-    if not path.exists():
-        return []
-    launches, damaged = [], []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            launch = json.loads(raw.decode("utf-8"))
-            if not isinstance(launch["code"]["commit"], (str, type(None))) or "dirty" not in launch["code"]:
-                raise TypeError
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-            damaged.append(number)
-            continue
-        launches.append(launch)
-    if damaged and warnings is not None:
-        _warn(warnings, f"{path}: line(s) {', '.join(map(str, damaged))} damaged and skipped: the record of the "
-                        "process(es) that wrote them is lost; the run's numbers do not depend on it")
-    return launches
 
 
 def default_steps_per_call(config: Config) -> int:
@@ -540,12 +449,17 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     if progress and restored:
         print(f"resuming {run.path} from step {start_step} of {config.num_steps}", flush=True)
     if start_step and not run.metrics_file.exists():
-        _warn(warnings, f"{run.metrics_file} was missing: its rows up to step {start_step} are lost (TensorBoard "
+        warn(warnings, f"{run.metrics_file} was missing: its rows up to step {start_step} are lost (TensorBoard "
                         f"events in {run.tensorboard_dir} still hold them); logging continues from there")
     elif start_step and (kept := _rows_up_to(run.metrics_file, start_step)) < start_step // config.log_every_steps:
-        _warn(warnings, f"{run.metrics_file} holds {kept} of its {start_step // config.log_every_steps} row(s) up to "
+        warn(warnings, f"{run.metrics_file} holds {kept} of its {start_step // config.log_every_steps} row(s) up to "
                         f"step {start_step}: the others are lost (TensorBoard events in {run.tensorboard_dir} still "
                         "hold them); logging continues from there")
+    due = start_step // config.curve_every_steps if config.curve_every_steps else 0
+    if due and (kept := _rows_up_to(run.curve_file, start_step, CURVE_STRINGS)) < due:
+        warn(warnings, f"{run.curve_file} holds {kept} of its {due} row(s) up to step {start_step}: the others are "
+                       "lost, and cannot be computed again (the model at those steps is gone); the curve continues "
+                       "from there")
     _record_launch(run, start_step, command, warnings, getattr(trainer, "chain_shards", None))
 
     images = load_binarized_mnist("train")[: config.train_examples]
@@ -605,7 +519,7 @@ def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: 
     mean = evaluation.mean_log_likelihood
     if not mean > DIVERGED_FACTOR * COIN_FLIP_LOG_LIKELIHOOD or (
             final_loss is not None and not final_loss < -DIVERGED_FACTOR * COIN_FLIP_LOG_LIKELIHOOD):
-        _warn(warnings, f"the run diverged: its final {loss} is {final_loss:.4g} and its test log-likelihood "
+        warn(warnings, f"the run diverged: its final {loss} is {final_loss:.4g} and its test log-likelihood "
                         f"{mean:.4g}, where a model giving every pixel probability 1/2 scores "
                         f"{COIN_FLIP_LOG_LIKELIHOOD:.1f} nats; lower the learning rate")
     results = {
@@ -644,8 +558,8 @@ def _curve_seconds(run: RunDirectory) -> float:
     """Seconds the learning curve's evaluations took, over every process that trained the run."""
     if not run.curve_file.exists():
         return 0.0
-    with open(run.curve_file, newline="") as f:
-        return round(sum(float(row["eval_seconds"]) for row in csv.DictReader(f)), 2)
+    _, rows = csv_rows(run.curve_file, CURVE_COLUMNS, CURVE_STRINGS)
+    return round(sum(float(row[CURVE_COLUMNS.index("eval_seconds")]) for _, row in rows), 2)
 
 
 def _steady_ms_per_step(metrics: dict[str, np.ndarray]) -> float | None:
@@ -669,7 +583,7 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_
            "seed": config.seed, "step": step}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     partial = results_dir / PARTIAL_DIR / f"{Path(evaluation_file_name(evaluation)).stem}-{digest}"
-    done, seconds_before = _read_partial(partial)
+    done, seconds_before = read_partial(partial)
     clock = Stopwatch(offset=seconds_before)
     last = clock.elapsed
 
@@ -693,20 +607,6 @@ def _evaluate(model: VAE, evaluation: EvaluationConfig, config: Config, results_
     return result, seconds, discard
 
 
-def _read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
-    """The batches an interrupted evaluation saved, and the seconds they took; a damaged file is skipped
-    (its batch is computed again)."""
-    done, seconds = {}, 0.0
-    for file in sorted(partial.glob("batch-*.npz")):
-        try:
-            with np.load(file) as saved:
-                done[int(file.stem.removeprefix("batch-"))] = saved["estimates"]
-                seconds += float(saved["seconds"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-            continue
-    return done, seconds
-
-
 def _summary(per_example: np.ndarray, split: str) -> dict[str, Any]:
     """Mean and standard error of per-image estimates; JSON has no Infinity, so a diverged
     model's are recorded as unknown (None)."""
@@ -722,36 +622,6 @@ def _evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -
                                                              "num_samples": result.num_samples}
 
 
-def _read_columns(path: Path, *, integers: tuple[str, ...] = ("step",),
-                  strings: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise RunDirectoryError(f"{path} has no rows yet")
-    def kind(name: str) -> type:
-        return np.int64 if name in integers else (str if name in strings else np.float64)
-    return {name: np.array([row[name] for row in rows], dtype=kind(name)) for name in rows[0]}
-
-
-def read_metrics(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """metrics.csv of a results directory as {column: [rows] array} (step as int)."""
-    return _read_columns(Path(results_dir) / METRICS_FILE)
-
-
-def read_curve(results_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """learning_curve.csv of a results directory as {column: [rows] array}."""
-    return _read_columns(Path(results_dir) / CURVE_FILE, integers=("step", "num_examples", "num_samples"),
-                         strings=("proposal",))
-
-
-def read_results(results_dir: str | os.PathLike) -> dict[str, Any]:
-    """results.json of a finished run."""
-    path = Path(results_dir) / RESULTS_FILE
-    if not path.exists():
-        raise RunDirectoryError(f"{results_dir} has no {RESULTS_FILE}: the run has not finished")
-    return json.loads(path.read_text())
-
-
 def _chain_state_objects(trainer: Any) -> dict[str, tf.Module | tf.Variable]:
     """What a VCD trainer carries from step to step around its chain (nothing for the VAE)."""
     return ({"step_size": trainer.step_size, "control_variate": trainer.control_variate}
@@ -763,12 +633,17 @@ def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.V
     finished, else from its newest checkpoint; returns the step of the latest checkpoint, or None
     for the final weights."""
     if run.model_prefix.with_suffix(".index").exists():
-        status = tf.train.Checkpoint(**objects).read(str(run.model_prefix))
         try:  # the file may hold more (the chain's state) than the objects asked for
-            status.assert_existing_objects_matched().expect_partial()
+            tf.train.Checkpoint(**objects).read(str(run.model_prefix)).assert_existing_objects_matched().expect_partial()
         except AssertionError as error:
             raise RunDirectoryError(f"{run.model_prefix} lacks {', '.join(objects)}: it was written before the "
                                     f"final weights carried the chain's state ({error})") from None
+        except (tf.errors.OpError, ValueError, IndexError) as error:
+            raise RunDirectoryError(
+                f"the final weights in {run.model_prefix.parent} are damaged ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}). Restore {run.model_prefix.parent} from a copy "
+                f"of the run, or delete it and {run.results_file.name} and run the training command on "
+                f"{run.path} again: it saves them again from the last checkpoint and evaluates again") from None
         return None
     step = tf.Variable(0, dtype=tf.int64)
     # Matched by name inside the trainer: nothing else (optimiser slots) is built or read. Found
@@ -810,12 +685,6 @@ def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None 
     step = _read_final_or_latest(run, {"model": trainer.model, **_chain_state_objects(trainer)})
     trainer.step.assign(config.num_steps if step is None else step)
     return trainer
-
-
-def evaluation_file_name(evaluation: EvaluationConfig) -> str:
-    """evaluation-PROPOSAL-S{samples}-N{examples}.json: one file per protocol."""
-    examples = evaluation.num_examples or "all"
-    return f"evaluation-{evaluation.proposal}-S{evaluation.num_samples}-N{examples}.json"
 
 
 def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
