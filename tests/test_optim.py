@@ -46,3 +46,15 @@ def test_a_reduced_run_decays_the_learning_rate_every_30_epochs_of_50000_images(
     rates = [float(optimizers["decoder"].current_learning_rate(tf.constant(s, tf.int64)))
              for s in (0, 600, 29_999, 30_000, 60_000)]
     np.testing.assert_allclose(rates, [5e-4, 5e-4, 5e-4, 4.5e-4, 5e-4 * 0.81], rtol=1e-6)
+
+
+def test_slots_are_not_trainable_and_live_where_they_are_told():
+    # Trainable slots would be collected as weights (and checkpointed, differentiated) with the model's.
+    with tf.device("/CPU:0"):
+        weights = [tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([2, 2]))]
+    beside = ReferenceRMSProp(weights, 0.1, decay_steps=10)
+    offloaded = ReferenceRMSProp(weights, 0.1, decay_steps=10, slot_device="/CPU:1")
+    assert not any(slot.trainable for slot in beside.mean_squares + offloaded.mean_squares)
+    assert {id(v) for v in beside.trainable_variables} == {id(w) for w in weights}  # the weights alone
+    assert all(slot.device.endswith("CPU:0") for slot in beside.mean_squares)
+    assert all(slot.device.endswith("CPU:1") for slot in offloaded.mean_squares)

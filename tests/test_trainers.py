@@ -164,3 +164,42 @@ def test_the_encoder_gradient_is_the_estimators_closed_form():
         for k, (actual, want) in enumerate(zip(estimate.gradients[name], tensors)):
             errors[f"{name}[{k}]"] = float(tf.reduce_max(tf.abs(actual - want)) / tf.reduce_max(tf.abs(want)))
     assert max(errors.values()) < 1e-4, errors
+
+
+# build_trainer: which trainer each execution and method gets, and what it refuses --------------
+
+def test_each_execution_and_method_gets_its_trainer():
+    from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer
+    from vcd_helpers.training import VAETrainer, VCDTrainer
+    from vcd_helpers.trainers import execution_name
+
+    small = {"model": {"hidden_units": 16, "latent_dim": 3}}
+    vae, vcd = load_config("tiny", method="vae", **small), load_config("tiny", **small)
+    pipeline = PipelineConfig(micro_batch_size=10, gradient_accumulation=5)
+    assert [execution_name(e) for e in (None, pipeline, tf.distribute.get_strategy())] == \
+        ["plain", "pipelined", "replicated"]
+    built = {"vae": build_trainer(vae), "vcd": build_trainer(vcd, jit_compile=False),
+             "pipelined": build_trainer(vcd, execution=pipeline)}
+    assert type(built["vae"]) is VAETrainer and type(built["vcd"]) is VCDTrainer
+    assert type(built["pipelined"]) is PipelinedVCDTrainer
+    # None compiles whatever the execution allows; False is kept.
+    assert built["vae"].jit_compile is True and built["pipelined"].jit_compile is True
+    assert built["vcd"].jit_compile is False
+
+
+@pytest.mark.parametrize("method, execution, options, named", [
+    ("vae", "plain", {"chain_shards": 2}, "chain_shards=2 is invalid with method='vae' and a plain execution"),
+    ("vcd", "pipelined", {"chain_shards": 2}, "chain_shards=2 is invalid with method='vcd' and a pipelined"),
+    ("vcd", "replicated", {"chain_shards": 1}, "chain_shards=1 is invalid with method='vcd' and a replicated"),
+    ("vae", "pipelined", {}, "method='vae' is invalid with a pipelined execution"),
+    ("vae", "replicated", {}, "method='vae' is invalid with a replicated execution"),
+    ("vcd", "replicated", {"jit_compile": True}, "jit_compile=True is invalid with a distribution strategy"),
+])
+def test_build_trainer_refuses_what_the_execution_cannot_run(method, execution, options, named):
+    from vcd_helpers.pipeline import PipelineConfig
+
+    executions = {"plain": None, "pipelined": PipelineConfig(micro_batch_size=10, gradient_accumulation=5),
+                  "replicated": tf.distribute.get_strategy()}
+    with pytest.raises(ValueError) as error:
+        build_trainer(load_config("tiny", method=method), execution=executions[execution], **options)
+    assert named in str(error.value)
