@@ -116,6 +116,9 @@ def test_agrees_in_distribution_with_tfp():
     ({"num_iterations": 0}, "num_iterations=0 is invalid"),
     ({"num_leapfrog_steps": 2.0}, "num_leapfrog_steps=2.0 is invalid"),
     ({"target_accept_rate": 1.0}, "target_accept_rate=1.0 is invalid"),
+    ({"target_accept_rate": 1.5}, "target_accept_rate=1.5 is invalid"),
+    ({"target_accept_rate": 0.0}, "target_accept_rate=0.0 is invalid"),
+    ({"target_accept_rate": -0.5}, "target_accept_rate=-0.5 is invalid"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     args = dict(num_iterations=2, num_leapfrog_steps=2, seed=0) | kwargs
@@ -222,3 +225,18 @@ def test_the_chain_evaluates_the_target_at_its_initial_state():
     np.testing.assert_allclose(result.initial_log_prob, log_prob, rtol=1e-6)
     np.testing.assert_allclose(result.initial_gradient, gradient, rtol=1e-6)
     assert float(tf.reduce_max(tf.abs(result.final_state - start))) > 0.1  # ... and not at the end
+
+
+@pytest.mark.parametrize("num_shards, blocks", [(1, [10]), (3, [4, 3, 3])])
+def test_a_sharded_target_evaluates_one_block_of_rows_per_shard(num_shards, blocks):
+    seen = []
+
+    def log_prob_fn(data, z):
+        seen.append(int(data.shape[0]))
+        return tf.reduce_sum(z, axis=-1) + data[:, 0]
+
+    data = tf.reshape(tf.range(20.0), [10, 2])
+    target = sharded_target(log_prob_fn, data, num_shards)
+    z = tf.ones([10, 3])
+    np.testing.assert_array_equal(target(z), 3.0 + data[:, 0])
+    assert seen == blocks

@@ -214,3 +214,10 @@ def test_a_bfloat16_step_is_the_float32_step_up_to_bfloat16_round_off(method):
     # Adam's first step moves each weight by about the learning rate, along its gradient's sign:
     # bf16's gradients point the same way for nearly every weight (measured: 95% VCD, 99.6% VAE).
     assert np.mean(np.sign(update["float32"]) == np.sign(update["bfloat16"])) > 0.9
+
+
+@pytest.mark.parametrize("kind", ["global", "local", "scheduled"])
+def test_a_control_variate_holds_state_not_weights(kind):
+    # A trainable baseline would be collected with the model's weights (and differentiated, checkpointed as one).
+    baseline = ControlVariate(ControlVariateConfig(kind=kind), num_examples=10)
+    assert baseline.variables and not baseline.trainable_variables
