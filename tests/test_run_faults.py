@@ -648,14 +648,27 @@ def test_the_runner_does_not_count_a_damaged_results_file_as_done(tmp_path, read
     assert not runner._is_done(plan_run, run)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "emptied"])
-@pytest.mark.parametrize("file", ["weights.data-00000-of-00001", "weights.index"])
-def test_evaluate_names_damaged_final_weights_and_what_to_do(tmp_path, finished, capsys, file, damage):
+@pytest.mark.parametrize("file, damage", [("weights.data-00000-of-00001", "truncated"), ("weights.index", "emptied")])
+def test_damaged_final_weights_are_read_from_the_final_checkpoint(tmp_path, finished, capsys, file, damage):
     run = _copy(finished, tmp_path)
     _damage(run / "model" / file, damage)
+    assert main(["evaluate", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert f"the final weights in {run / 'model'} are damaged" in err and "read from checkpoint ckpt-40 instead" in err
+    record = json.loads(next(run.glob("evaluation-*.json")).read_text())
+    assert record["checkpoint_step"] == 40
+    assert record["mean"] == pytest.approx(finished[1]["test_log_likelihood"]["mean"], abs=1e-4)
+
+
+def test_damaged_final_weights_without_the_final_checkpoint_are_named_with_what_to_do(tmp_path, finished, capsys):
+    run = _copy(finished, tmp_path)
+    _damage(run / "model" / "weights.data-00000-of-00001", "truncated")
+    for path in (run / "checkpoints").glob("ckpt-40.*"):
+        path.unlink()
     assert main(["evaluate", str(run)]) == 2
     err = capsys.readouterr().err
-    assert f"the final weights in {run / 'model'} are damaged" in err and "run the training command" in err, err
+    assert f"the final weights in {run / 'model'} are damaged" in err and "no checkpoint of the final step" in err
+    assert "run the training command" in err and not list(run.glob("evaluation-*.json"))
 
 
 def test_a_damaged_saved_evaluation_batch_is_computed_again(tmp_path):
@@ -702,3 +715,11 @@ def test_curve_rows_lost_before_the_checkpoint_are_reported(tmp_path, curved, ca
     lost = "holds 0 of its 1 row(s) up to step 20: the others are lost"
     assert any(lost in warning for warning in results["warnings"]), results["warnings"]
     assert run_files.read_curve(run)["step"].tolist() == [40]
+
+
+def test_a_newer_checkpoint_without_its_index_is_reported_not_skipped_silently(tmp_path, finished, capsys):
+    run = _unfinished_copy(finished, tmp_path)
+    (run / "checkpoints" / "ckpt-40.index").unlink()
+    _, _, step = runs.restore_model(run)
+    assert step == 20
+    assert f"ckpt-40 in {run / 'checkpoints'}: data without an .index file" in capsys.readouterr().err

@@ -306,6 +306,12 @@ def _checkpoint_files(run: RunDirectory) -> dict[int, str]:
             for p in run.checkpoint_dir.glob("ckpt-*.index") if p.name[5:-6].isdigit()}
 
 
+def _checkpoint_steps_with_data(run: RunDirectory) -> set[int]:
+    """Steps of the checkpoints that have data files (with or without their index)."""
+    names = (p.name[len("ckpt-"):].split(".", 1)[0] for p in run.checkpoint_dir.glob("ckpt-*.data-*"))
+    return {int(name) for name in names if name.isdigit()}
+
+
 def _newest_checkpoint_name(run: RunDirectory) -> str | None:
     files = _checkpoint_files(run)
     return Path(files[max(files)]).name if files else None
@@ -353,6 +359,10 @@ def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings
             continue
         for failure in failures:
             warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
+        newer = sorted(n for n in _checkpoint_steps_with_data(run) - set(candidates) if n > step)
+        if newer:
+            warn(warnings, f"{', '.join(f'ckpt-{n}' for n in newer)} in {run.checkpoint_dir}: data without an .index "
+                           f"file, which cannot be restored; resuming from {Path(candidates[step]).name}")
         return candidates[step]
     raise RunDirectoryError(f"no checkpoint in {run.checkpoint_dir} could be restored: {'; '.join(failures)}. "
                             "Move the directory aside and train into a new --results directory")
@@ -628,31 +638,38 @@ def _chain_state_objects(trainer: Any) -> dict[str, tf.Module | tf.Variable]:
             if hasattr(trainer, "control_variate") else {})
 
 
-def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.Variable]) -> int | None:
+def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.Variable], num_steps: int) -> int:
     """Read ``objects`` (named as the trainer names them) from the final weights when the run
-    finished, else from its newest checkpoint; returns the step of the latest checkpoint, or None
-    for the final weights."""
+    finished, else from its newest checkpoint; returns the step read. Damaged final weights are
+    read from the checkpoint of the final step instead (the same weights), with a warning; with
+    no such checkpoint, RunDirectoryError names model/ and what to do."""
+    damaged = None
     if run.model_prefix.with_suffix(".index").exists():
         try:  # the file may hold more (the chain's state) than the objects asked for
             tf.train.Checkpoint(**objects).read(str(run.model_prefix)).assert_existing_objects_matched().expect_partial()
+            return num_steps
         except AssertionError as error:
             raise RunDirectoryError(f"{run.model_prefix} lacks {', '.join(objects)}: it was written before the "
                                     f"final weights carried the chain's state ({error})") from None
         except (tf.errors.OpError, ValueError, IndexError) as error:
-            raise RunDirectoryError(
-                f"the final weights in {run.model_prefix.parent} are damaged ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''}). Restore {run.model_prefix.parent} from a copy "
-                f"of the run, or delete it and {run.results_file.name} and run the training command on "
-                f"{run.path} again: it saves them again from the last checkpoint and evaluates again") from None
-        return None
+            damaged = (f"the final weights in {run.model_prefix.parent} are damaged ({type(error).__name__}: "
+                       f"{str(error).splitlines()[0] if str(error) else ''})")
     step = tf.Variable(0, dtype=tf.int64)
     # Matched by name inside the trainer: nothing else (optimiser slots) is built or read. Found
     # from the files, falling back past a damaged newest checkpoint as training does.
-    warnings: list[str] = []
-    if _restore_newest(tf.train.Checkpoint(trainer=tf.train.Checkpoint(step=step, **objects)), run, warnings,
-                       partial=True) is None:
-        raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
-    return int(step.numpy())
+    restored = _restore_newest(tf.train.Checkpoint(trainer=tf.train.Checkpoint(step=step, **objects)), run, [],
+                               partial=True)
+    if damaged is None:
+        if restored is None:
+            raise RunDirectoryError(f"{run.path} has no checkpoint yet in {run.checkpoint_dir}")
+        return int(step.numpy())
+    if restored is None or int(step.numpy()) != num_steps:
+        raise RunDirectoryError(
+            f"{damaged}, and no checkpoint of the final step is left in {run.checkpoint_dir}. Restore "
+            f"{run.model_prefix.parent} from a copy of the run, or delete it and {run.results_file.name} and run the "
+            f"training command on {run.path} again: it saves them again from its last checkpoint and evaluates again")
+    warn(None, f"{damaged}; read from checkpoint {Path(restored).name} instead, which holds the same step")
+    return num_steps
 
 
 def _stored_config(run: RunDirectory) -> Config:
@@ -668,8 +685,7 @@ def restore_model(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
     run = RunDirectory(Path(results_dir))
     config = _stored_config(run)
     model = VAE(config.model, seed=config.seed)
-    step = _read_final_or_latest(run, {"model": model})
-    return model, config, config.num_steps if step is None else step
+    return model, config, _read_final_or_latest(run, {"model": model}, config.num_steps)
 
 
 def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None = None) -> Trainer:
@@ -682,8 +698,8 @@ def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None 
     run = RunDirectory(Path(results_dir))
     config = _stored_config(run)
     trainer = build_trainer(config, jit_compile=jit_compile)
-    step = _read_final_or_latest(run, {"model": trainer.model, **_chain_state_objects(trainer)})
-    trainer.step.assign(config.num_steps if step is None else step)
+    trainer.step.assign(_read_final_or_latest(run, {"model": trainer.model, **_chain_state_objects(trainer)},
+                                              config.num_steps))
     return trainer
 
 
