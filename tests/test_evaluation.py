@@ -89,3 +89,16 @@ def test_ais_recovers_an_exactly_known_normaliser():
 def test_sigmoid_schedule_runs_from_zero_to_one():
     betas = evaluation.sigmoid_schedule(10)
     assert betas[0] == 0.0 and betas[-1] == 1.0 and np.all(np.diff(betas) > 0) and len(betas) == 11
+
+
+def test_an_evaluation_of_n_examples_scores_the_first_n_images():
+    from vcd_helpers.config import EvaluationConfig, HMCConfig
+    from vcd_helpers.model import VAE
+
+    images = (np.random.default_rng(0).random([5, 784]) < 0.2).astype(np.float32)
+    model = VAE(seed=0)
+    protocol = dict(batch_size=2, num_samples=4, chunk_size=4, proposal="encoder")
+    first_two = evaluation.make_evaluator(model, EvaluationConfig(num_examples=2, **protocol), HMCConfig())(images)
+    every_one = evaluation.make_evaluator(model, EvaluationConfig(num_examples=None, **protocol), HMCConfig())(images)
+    assert first_two.per_example.shape == (2,) and every_one.per_example.shape == (5,)
+    np.testing.assert_allclose(first_two.per_example, every_one.per_example[:2], rtol=1e-6)

@@ -34,6 +34,31 @@ def test_initialisation_follows_the_reference():
     assert not np.array_equal(VAE(seed=2).decoder.net.biases[0], model.decoder.net.biases[0])
 
 
+def test_every_weight_and_bias_is_a_draw_of_its_own():
+    # Stateless draws from one seed share their leading values whatever the shape, so a seed used
+    # twice shows as two variables whose first values are proportional (e.g. a bias equal to the first
+    # row of its weight). Each of the 18 variables must have a seed of its own.
+    heads = [v.numpy().ravel()[:8] for v in VAE(seed=0).trainable_variables]
+    heads = [h / np.linalg.norm(h) for h in heads]
+    for i in range(len(heads)):
+        for j in range(i):
+            assert abs(float(heads[i] @ heads[j])) < 0.99, (i, j)
+
+
+def test_the_networks_are_relu_layers_with_a_linear_last_layer():
+    # The last layer has no ReLU: the encoder mean and the decoder's logits take both signs.
+    from vcd_helpers.model import MLP
+
+    mlp = MLP([5, 4, 4, 3], seed=3)
+    x = tf.random.stateless_normal([6, 5], seed=[4, 4])
+    h = x
+    for k, (w, b) in enumerate(zip(mlp.weights, mlp.biases)):
+        h = h @ w + b
+        h = tf.nn.relu(h) if k < 2 else h
+    np.testing.assert_allclose(mlp(x), h, rtol=1e-5, atol=1e-6)
+    assert float(tf.reduce_min(h)) < 0
+
+
 def test_encoder_shapes_and_scale_floor():
     model = VAE(seed=0)
     x = tf.cast(tf.random.stateless_uniform([7, 784], seed=[1, 2]) < 0.2, tf.float32)

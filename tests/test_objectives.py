@@ -95,6 +95,9 @@ def test_divergence_terms_exact_values_and_sum():
 def test_divergence_terms_refuse_a_state_that_is_not_a_batch_of_vectors():
     with pytest.raises(ValueError, match=r"zT has shape \(3,\)"):
         objectives.vcd_divergence_terms(tf.zeros([3]), tf.ones([3]), tf.zeros([]), tf.zeros([3]), tf.zeros([]))
+    with pytest.raises(ValueError, match=r"zT has shape \(2, 4, 3\)"):
+        objectives.vcd_divergence_terms(tf.zeros([4, 3]), tf.ones([4, 3]), tf.zeros([4]), tf.zeros([2, 4, 3]),
+                                        tf.zeros([4]))
 
 
 def _sampled_terms(loc, scale, chains=20_000, seed=0):
@@ -154,6 +157,18 @@ def test_fit_by_vcd_is_wider_than_the_elbo_and_narrower_than_the_marginals():
     assert np.all(scale < np.sqrt(np.diag(COV))), scale
     np.testing.assert_allclose(fit.loc_history[-100:].mean(0), MEAN, atol=0.15)
     assert fit.step_size != pytest.approx(0.1)  # h adapted and carried over steps
+
+
+def test_fit_defaults_are_the_documented_settings():
+    # 100 samples a step, Adam at 0.05, chains of 8 iterations of 5 leapfrog steps from h = 0.1, seed 0.
+    target = _target().log_prob
+    implicit = objectives.fit_diagonal_gaussian(target, [1.0, 1.0], [0.3, 0.3], objective="vcd", num_steps=3)
+    explicit = objectives.fit_diagonal_gaussian(target, [1.0, 1.0], [0.3, 0.3], objective="vcd", num_steps=3,
+                                                batch_size=100, learning_rate=0.05, num_iterations=8,
+                                                num_leapfrog_steps=5, step_size=0.1, seed=0)
+    np.testing.assert_array_equal(implicit.loc_history, explicit.loc_history)
+    np.testing.assert_array_equal(implicit.scale_history, explicit.scale_history)
+    assert implicit.step_size == explicit.step_size
 
 
 @pytest.mark.parametrize("overrides, message", [

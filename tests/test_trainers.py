@@ -203,3 +203,27 @@ def test_build_trainer_refuses_what_the_execution_cannot_run(method, execution, 
     with pytest.raises(ValueError) as error:
         build_trainer(load_config("tiny", method=method), execution=executions[execution], **options)
     assert named in str(error.value)
+
+
+# The step's bookkeeping ---------------------------------------------------------------------------
+
+def test_the_vae_step_counter_starts_at_zero_and_advances_once_a_step():
+    # The counter seeds the step's noise (fold_in(seed, step)) and sets the learning rate.
+    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16, "latent_dim": 3}),
+                            jit_compile=False)
+    assert int(trainer.step) == 0
+    trainer._train_step(INDEX, _batch(seed=2))
+    assert int(trainer.step) == 1
+
+
+def test_the_vcd_step_reports_per_example_losses_and_trains_only_the_model():
+    # apply_estimate reports the batch's summed losses divided by the batch size; the trainer's only
+    # trainable variables are the model's (step, step size, optimiser slots, baselines are state).
+    trainer = _vcd_trainer()
+    x, baseline = _batch(), tf.zeros([8])
+    estimate = trainer.estimate_gradients(x, baseline, tf.constant([7, 11]))
+    metrics = trainer.apply_estimate(INDEX, x, baseline, estimate)
+    assert int(trainer.step) == 1
+    np.testing.assert_allclose(float(metrics["encoder_loss"]), float(estimate.encoder_loss) / 8, rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["decoder_loss"]), float(estimate.decoder_loss) / 8, rtol=1e-6)
+    assert {id(v) for v in trainer.trainable_variables} == {id(v) for v in trainer.model.trainable_variables}

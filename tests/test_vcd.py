@@ -68,6 +68,26 @@ def test_encoder_loss_equals_the_formula_differentiated_through_the_decoder():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
 
 
+def test_g_and_the_encoder_loss_value_on_a_well_scaled_q0():
+    # With the encoder's own (tiny) scales the quadratic and score terms dwarf the others (the
+    # encoder loss is ~1.6e11 there), so a value check at rtol 1e-6 cannot see log p(z) in g or the
+    # pathwise term; here q0 = N(0, I) keeps every term of comparable size, and b = g removes the
+    # score term from the value.
+    model = VAE(seed=0)
+    x = _batch()
+    loc, scale = tf.zeros([6, 10]), tf.ones([6, 10])
+    z0 = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    expected_g = model.log_joint(x, zT) + 0.5 * tf.reduce_sum(tf.square(zT), -1)
+    encoder_loss, decoder_loss, g = vcd_surrogate_losses(model, x, loc, scale, z0,
+                                                         _chain_ending_at(model, x, z0, zT), expected_g)
+    np.testing.assert_allclose(g, expected_g, rtol=1e-6)
+    np.testing.assert_allclose(float(encoder_loss), float(tf.reduce_sum(-model.log_joint(x, z0) + expected_g)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(decoder_loss),
+                               float(-tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))), rtol=1e-6)
+
+
 def test_score_term_vanishes_when_the_baseline_equals_g():
     model = VAE(seed=0)
     x = _batch()
