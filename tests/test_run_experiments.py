@@ -241,3 +241,22 @@ def test_a_runs_directory_that_is_a_file_is_refused(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "run_experiments.py"), "--runs-dir",
                            str(tmp_path / "file"), "--status"], capture_output=True, text=True)
     assert done.returncode == 2 and f"the runs directory {tmp_path / 'file'} (--runs-dir" in done.stderr
+
+
+@pytest.mark.parametrize("lost, named", [("metrics rows", "metrics.csv ends at step 12500, before checkpoint ckpt-20000"),
+                                         ("curve rows", "learning_curve.csv holds no row, though checkpoint ckpt-20000")])
+def test_status_names_log_rows_lost_before_the_newest_checkpoint(tmp_path, monkeypatch, lost, named):
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    run = PLAN[0]  # a learning curve every 25 epochs: 12,500 steps
+    directory = tmp_path / "runs" / run.name
+    (directory / "checkpoints").mkdir(parents=True)
+    (directory / "config.json").write_text(_config(run).to_json())
+    (directory / "checkpoints" / "ckpt-20000.index").write_text("")
+    last = 12_500 if lost == "metrics rows" else 20_000
+    (directory / "metrics.csv").write_text(f"step,wall_time,loss\n{last - 100},5.0,1\n{last},10.0,1\n")
+    if lost == "metrics rows":
+        (directory / "learning_curve.csv").write_text("step,epoch,train_seconds,log_likelihood,standard_error,num_examples,"
+                                                      "num_samples,proposal,eval_seconds\n"
+                                                      "12500,25,600,-110.5,0.5,1000,2000,hmc_moments,60\n")
+    lines = runner.status(tmp_path).splitlines()
+    assert f"damaged    {directory}/{named}" in lines[2], lines[2]

@@ -708,12 +708,14 @@ def test_a_damaged_curve_row_is_named_before_anything_is_trained(tmp_path, curve
     assert len((run / "launches.jsonl").read_text().splitlines()) == 1  # refused before this process's launch
 
 
-def test_curve_rows_lost_before_the_checkpoint_are_reported(tmp_path, curved, capsys):
+def test_curve_rows_and_launch_records_lost_before_the_checkpoint_are_reported(tmp_path, curved, capsys):
     run = _resumable_from_20(curved, tmp_path)
     _damage(run / "learning_curve.csv", "header only")
+    _damage(run / "launches.jsonl", "emptied")
     results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
-    lost = "holds 0 of its 1 row(s) up to step 20: the others are lost"
-    assert any(lost in warning for warning in results["warnings"]), results["warnings"]
+    for lost in ("learning_curve.csv holds 0 of its 1 row(s) up to step 20: the others are lost",
+                 "launches.jsonl holds no record of the process(es) that trained steps up to 20"):
+        assert any(lost in warning for warning in results["warnings"]), results["warnings"]
     assert run_files.read_curve(run)["step"].tolist() == [40]
 
 

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from vcd_helpers.cli import SUPERVISOR_ENV  # noqa: E402  (the work tree's package: the plan and paths)
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
 from vcd_helpers.experiments import PLAN, Run  # noqa: E402
-from vcd_helpers.run_files import (COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE, MODEL_DIR,  # noqa: E402
-                                   SMALL_FILES, RunDirectoryError, evaluation_file_name, finished_results,
+from vcd_helpers.run_files import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE,  # noqa: E402
+                                   MODEL_DIR, SMALL_FILES, RunDirectoryError, evaluation_file_name, finished_results,
                                    read_config, read_text)
 from vcd_helpers.runs import RunDirectory  # noqa: E402
 
@@ -279,6 +279,15 @@ def _status_line(run: Run, directory: Path, width: int) -> str:
         curve = _tail_rows(directory / CURVE_FILE, 1)
         curve_ll = f"{float(curve[-1][3]):.2f}" if curve else "-"
         curve_seconds = float(curve[-1][8]) if curve else 0.0
+    # Rows lost from the logs show against the newest checkpoint (written after its step's rows).
+    names = (p.name[len("ckpt-"):-len(".index")] for p in (directory / CHECKPOINT_DIR).glob("ckpt-*.index"))
+    newest = max((int(name) for name in names if name.isdigit()), default=0)
+    if newest > step:
+        raise RunDirectoryError(f"{directory / METRICS_FILE} ends at step {step}, before checkpoint ckpt-{newest}: "
+                                "rows were lost (the training command says so when it resumes)")
+    if config.curve_every_steps and newest >= config.curve_every_steps and not curve:
+        raise RunDirectoryError(f"{directory / CURVE_FILE} holds no row, though checkpoint ckpt-{newest} is past the "
+                                "curve's first evaluation: its rows were lost (the training command says so)")
     epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"
     if _is_done(run, directory):
         state, left = "done", 0.0

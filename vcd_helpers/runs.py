@@ -470,6 +470,9 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
         warn(warnings, f"{run.curve_file} holds {kept} of its {due} row(s) up to step {start_step}: the others are "
                        "lost, and cannot be computed again (the model at those steps is gone); the curve continues "
                        "from there")
+    if start_step and not read_launches(run.path):
+        warn(warnings, f"{run.launches_file} holds no record of the process(es) that trained steps up to {start_step}: "
+                       "their records (code, machine) are lost; the run's numbers do not depend on them")
     _record_launch(run, start_step, command, warnings, getattr(trainer, "chain_shards", None))
 
     images = load_binarized_mnist("train")[: config.train_examples]
