@@ -46,8 +46,8 @@ from vcd_helpers.cli import SUPERVISOR_ENV  # noqa: E402  (the work tree's packa
 from vcd_helpers.devices import COMMIT_FILE, cpu_model  # noqa: E402
 from vcd_helpers.experiments import PLAN, Run  # noqa: E402
 from vcd_helpers.run_files import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE,  # noqa: E402
-                                   MODEL_DIR, SMALL_FILES, RunDirectoryError, evaluation_file_name, finished_results,
-                                   read_config, read_text)
+                                   MODEL_DIR, SMALL_FILES, RunDirectoryError, checkpoint_steps, evaluation_file_name,
+                                   finished_results, read_config, read_text)
 from vcd_helpers.runs import RunDirectory  # noqa: E402
 
 
@@ -280,8 +280,7 @@ def _status_line(run: Run, directory: Path, width: int) -> str:
         curve_ll = f"{float(curve[-1][3]):.2f}" if curve else "-"
         curve_seconds = float(curve[-1][8]) if curve else 0.0
     # Rows lost from the logs show against the newest checkpoint (written after its step's rows).
-    names = (p.name[len("ckpt-"):-len(".index")] for p in (directory / CHECKPOINT_DIR).glob("ckpt-*.index"))
-    newest = max((int(name) for name in names if name.isdigit()), default=0)
+    newest = max(checkpoint_steps(directory / CHECKPOINT_DIR), default=0)
     if newest > step:
         raise RunDirectoryError(f"{directory / METRICS_FILE} ends at step {step}, before checkpoint ckpt-{newest}: "
                                 "rows were lost (the training command says so when it resumes)")

@@ -85,6 +85,13 @@ def warn(warnings: list[str] | None, message: str) -> None:
         warnings.append(message)
 
 
+def checkpoint_steps(checkpoint_dir: Path, pattern: str = "ckpt-*.index") -> set[int]:
+    """Steps of the checkpoints in ``checkpoint_dir`` that have a file matching ``pattern``
+    (``ckpt-STEP.index``; ``ckpt-*.data-*`` for their data)."""
+    names = (p.name[len("ckpt-"):].split(".", 1)[0] for p in checkpoint_dir.glob(pattern))
+    return {int(name) for name in names if name.isdigit()}
+
+
 def read_text(path: Path) -> str:
     """The file as UTF-8 text. Raises FileNotFoundError when it is missing, RunDirectoryError
     naming it when it cannot be read or decoded."""

@@ -43,9 +43,9 @@ from vcd_helpers.model import VAE
 from vcd_helpers.run_files import (CHECKPOINT_DIR, COMMITTED_RESULTS, CONFIG_FILE, CURVE_COLUMNS, CURVE_FILE,
                                    CURVE_STRINGS, LAUNCHES_FILE, LOCAL_BASELINE_FILE, LOCK_FILE, METRICS_FILE,
                                    MODEL_DIR, MODEL_PREFIX, PARTIAL_DIR, PER_EXAMPLE_FILE, RESULTS_FILE,
-                                   RESUME_CHECKS_FILE, TENSORBOARD_DIR, RunDirectoryError, append_jsonl, csv_rows,
-                                   evaluation_file_name, finished_results, read_config, read_launches, read_metrics,
-                                   read_partial, read_results, warn)
+                                   RESUME_CHECKS_FILE, TENSORBOARD_DIR, RunDirectoryError, append_jsonl,
+                                   checkpoint_steps, csv_rows, evaluation_file_name, finished_results, read_config,
+                                   read_launches, read_metrics, read_partial, read_results, warn)
 from vcd_helpers.timing import Stopwatch, time_calls
 from vcd_helpers.trainers import build_trainer, check_chain_shards
 from vcd_helpers.training import Trainer, fit
@@ -302,14 +302,7 @@ class LearningCurve:
 def _checkpoint_files(run: RunDirectory) -> dict[int, str]:
     """{step: checkpoint path prefix} of the checkpoints on disk, found by their files (the
     manager's index may be missing, or be written an instant after them)."""
-    return {int(p.name[len("ckpt-"):-len(".index")]): str(p.with_suffix(""))
-            for p in run.checkpoint_dir.glob("ckpt-*.index") if p.name[5:-6].isdigit()}
-
-
-def _checkpoint_steps_with_data(run: RunDirectory) -> set[int]:
-    """Steps of the checkpoints that have data files (with or without their index)."""
-    names = (p.name[len("ckpt-"):].split(".", 1)[0] for p in run.checkpoint_dir.glob("ckpt-*.data-*"))
-    return {int(name) for name in names if name.isdigit()}
+    return {step: str(run.checkpoint_dir / f"ckpt-{step}") for step in checkpoint_steps(run.checkpoint_dir)}
 
 
 def _newest_checkpoint_name(run: RunDirectory) -> str | None:
@@ -359,7 +352,7 @@ def _restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings
             continue
         for failure in failures:
             warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
-        newer = sorted(n for n in _checkpoint_steps_with_data(run) - set(candidates) if n > step)
+        newer = sorted(n for n in checkpoint_steps(run.checkpoint_dir, "ckpt-*.data-*") - set(candidates) if n > step)
         if newer:
             warn(warnings, f"{', '.join(f'ckpt-{n}' for n in newer)} in {run.checkpoint_dir}: data without an .index "
                            f"file, which cannot be restored; resuming from {Path(candidates[step]).name}")
@@ -649,7 +642,8 @@ def _read_final_or_latest(run: RunDirectory, objects: dict[str, tf.Module | tf.V
     damaged = None
     if run.model_prefix.with_suffix(".index").exists():
         try:  # the file may hold more (the chain's state) than the objects asked for
-            tf.train.Checkpoint(**objects).read(str(run.model_prefix)).assert_existing_objects_matched().expect_partial()
+            status = tf.train.Checkpoint(**objects).read(str(run.model_prefix))
+            status.assert_existing_objects_matched().expect_partial()
             return num_steps
         except AssertionError as error:
             raise RunDirectoryError(f"{run.model_prefix} lacks {', '.join(objects)}: it was written before the "
