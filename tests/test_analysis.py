@@ -7,8 +7,9 @@ import pytest
 
 from vcd_helpers import analysis
 from vcd_helpers.config import load_config
-from vcd_helpers.run_files import COMMITTED_RESULTS
-from vcd_helpers.runs import evaluate_run, train_run
+from vcd_helpers.results import COMMITTED_RESULTS
+from vcd_helpers.runs.evaluate import evaluate_run
+from vcd_helpers.runs.train import train_run
 
 
 def test_t_interval_of_three_values():

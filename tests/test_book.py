@@ -81,7 +81,7 @@ def test_every_committed_run_a_notebook_names_is_in_results():
 
     import nbformat
 
-    from vcd_helpers.experiments import PLAN
+    from vcd_helpers.runs.plan import PLAN
 
     finished = {path.parent.name for path in (ROOT / "results").glob("*/results.json")}
     named = {}

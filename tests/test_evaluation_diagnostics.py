@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers import evaluation, run_files, runs
+from vcd_helpers import evaluation
+from vcd_helpers.results import COMMITTED_RESULTS, restore_model
 from vcd_helpers.config import EvaluationConfig, HMCConfig
 from vcd_helpers.evaluation import hmc_posterior_chain, importance_sampled_log_likelihood
 from vcd_helpers.model import VAE
@@ -138,7 +139,7 @@ def model():
 def trained():
     """The committed 800-epoch VAE and five digits it generates (binarised decoder means of prior
     draws): weights that vary but do not collapse to one, as an untrained model's would."""
-    vae, _, _ = runs.restore_model(run_files.COMMITTED_RESULTS / "vae_e800_s0")
+    vae, _ = restore_model(COMMITTED_RESULTS / "vae_e800_s0")
     z = tf.random.stateless_normal([5, vae.config.latent_dim], seed=[0, 3])
     return vae, tf.cast(tf.sigmoid(vae.decoder(z)) > 0.5, tf.float32)
 

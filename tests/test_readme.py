@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vcd_helpers.cli import _parser, resolve_config
+from vcd_helpers.runs.cli import _parser, resolve_config
 from vcd_helpers.config import available_presets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,6 @@ and the status and collection steps work on a runs directory."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,18 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from vcd_helpers.cli import _parser, resolve_config
-from vcd_helpers.experiments import PLAN
-from vcd_helpers.runs import RunDirectory
+from vcd_helpers.runs import runner
+from vcd_helpers.runs.cli import _parser, resolve_config
+from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.plan import PLAN
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
-runner = importlib.util.module_from_spec(spec)
-sys.modules["run_experiments"] = runner  # dataclasses look their module up there
-spec.loader.exec_module(runner)
 
 
-#: What results.json holds at least once a run has finished (run_files.SUMMARY_KEYS).
+#: What results.json holds at least once a run has finished (results.SUMMARY_KEYS).
 FINISHED = {"steps": 400_000, "ms_per_step": 50.0, "examples_per_second": 2000.0, "test_log_likelihood": {"mean": -96.5}}
 
 

@@ -19,10 +19,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import data, distributed, run_files, runs
-from vcd_helpers.cli import main
+from vcd_helpers import data, distributed, files
+from vcd_helpers import results as layout
 from vcd_helpers.config import load_config
-from vcd_helpers.runs import RunDirectory, train_run
+from vcd_helpers.evaluation import EvaluationResult
+from vcd_helpers.runs import evaluate as run_evaluation
+from vcd_helpers.runs import runner
+from vcd_helpers.runs import train as run_training
+from vcd_helpers.runs.checkpoints import latest_model
+from vcd_helpers.runs.cli import main
+from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.train import train_run
 
 ENV = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
@@ -84,7 +91,7 @@ def test_a_damaged_results_file_is_rewritten_by_evaluating_again(tmp_path, finis
     assert "is damaged; evaluating the finished run again" in capsys.readouterr().err
     _same_numbers(results, finished[1])
     assert results["steady_ms_per_step"] is not None and results["final_metrics"]
-    assert results["schema"] == runs.RESULTS_SCHEMA and results["code"]["commits"]
+    assert results["schema"] == run_training.RESULTS_SCHEMA and results["code"]["commits"]
     assert json.loads((run / "results.json").read_text()) == results
 
 
@@ -97,7 +104,7 @@ def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OSError):
-        runs.write_atomic(path, '{"new": true}')
+        files.write_atomic(path, '{"new": true}')
     assert json.loads(path.read_text()) == {"old": True}
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
@@ -158,7 +165,7 @@ def test_evaluate_finds_and_falls_back_through_checkpoints_as_training_does(tmp_
     else:
         data_file = run / "checkpoints" / "ckpt-40.data-00000-of-00001"
         data_file.write_bytes(data_file.read_bytes()[:100])
-    _, _, step = runs.restore_model(run)
+    _, _, step = latest_model(run)
     assert step == (40 if damage == "no index" else 20)
 
 
@@ -296,7 +303,7 @@ def test_a_malformed_data_manifest_names_the_file(tmp_path, monkeypatch, manifes
 def test_evaluate_checks_that_it_can_write_before_evaluating(tmp_path, finished, capsys, monkeypatch):
     run = _copy(finished, tmp_path)
     monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != run)
-    monkeypatch.setattr(runs, "_evaluate", lambda *a: pytest.fail("evaluated a directory it cannot write"))
+    monkeypatch.setattr(run_evaluation, "evaluate_saving_batches", lambda *a: pytest.fail("evaluated a directory it cannot write"))
     assert main(["evaluate", str(run)]) == 2
     assert f"{run} is not writable" in _error(capsys)
 
@@ -407,8 +414,8 @@ def test_metrics_rows_lost_before_the_checkpoint_are_reported(tmp_path, finished
 
 
 def test_an_infinite_spread_is_written_as_valid_json():
-    result = runs.EvaluationResult(-np.inf, np.array([-np.inf, -1.0]), "encoder", 10)
-    record = runs._evaluation_record(result, load_config("smoke").evaluation)
+    result = EvaluationResult(-np.inf, np.array([-np.inf, -1.0]), "encoder", 10)
+    record = run_evaluation.evaluation_record(result, load_config("smoke").evaluation)
     assert record["mean"] is None and record["standard_error"] is None
     json.dumps(record, allow_nan=False)
 
@@ -450,35 +457,35 @@ def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tampe
 # A long evaluation killed part-way resumes from its last finished batch -----------------------
 
 def test_an_evaluation_killed_between_batches_resumes_with_the_same_numbers(tmp_path, finished, monkeypatch):
-    whole = runs.evaluate_run(_copy(finished, tmp_path / "whole"), batch_size=5)  # 20 images: 4 batches
+    whole = run_evaluation.evaluate_run(_copy(finished, tmp_path / "whole"), batch_size=5)  # 20 images: 4 batches
     run = _copy(finished, tmp_path / "killed")
-    saved, real_write = [], runs.write_atomic
+    saved, real_write = [], run_evaluation.write_atomic
 
     def write_then_die(path, data):
         real_write(path, data)
         saved.append(Path(path).name)
         if len(saved) == 2:
             raise KeyboardInterrupt  # as a kill would, after the second batch
-    monkeypatch.setattr(runs, "write_atomic", write_then_die)
+    monkeypatch.setattr(run_evaluation, "write_atomic", write_then_die)
     with pytest.raises(KeyboardInterrupt):
-        runs.evaluate_run(run, batch_size=5)
+        run_evaluation.evaluate_run(run, batch_size=5)
     assert saved == ["batch-00000.npz", "batch-00001.npz"]
     monkeypatch.undo()
 
     computed = []
-    real_evaluator = runs.make_evaluator
+    real_evaluator = run_evaluation.make_evaluator
     def counting_evaluator(*args):
         evaluate = real_evaluator(*args)
         def counted(images, seed, *, done, on_batch):
             return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
         return counted
-    monkeypatch.setattr(runs, "make_evaluator", counting_evaluator)
-    resumed = runs.evaluate_run(run, batch_size=5)
+    monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
+    resumed = run_evaluation.evaluate_run(run, batch_size=5)
     assert computed == [2, 3]
     name = "evaluation-hmc_moments-S50-N20"
     np.testing.assert_array_equal(np.load(run / f"{name}.npy"), np.load(tmp_path / "whole" / "run" / f"{name}.npy"))
     assert resumed["mean"] == whole["mean"] and resumed["seconds"] > 0
-    assert not (run / run_files.PARTIAL_DIR).exists()
+    assert not (run / layout.PARTIAL_DIR).exists()
 
 
 def _unfinished_copy(finished, tmp_path) -> Path:
@@ -509,20 +516,20 @@ def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finish
 
     def lost_disk(path):
         raise OSError("the disk went away")
-    monkeypatch.setattr(runs, "read_metrics", lost_disk)  # read after the evaluation, before results.json
+    monkeypatch.setattr(run_training, "read_metrics", lost_disk)  # read after the evaluation, before results.json
     with pytest.raises(OSError, match="the disk went away"):
         train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
     monkeypatch.undo()
     assert sorted(path.name for path in (run / "partial").glob("*/batch-*.npz")), "the evaluation's batches were lost"
 
     computed = []
-    real_evaluator = runs.make_evaluator
+    real_evaluator = run_evaluation.make_evaluator
     def counting_evaluator(*args):
         evaluate = real_evaluator(*args)
         def counted(images, seed, *, done, on_batch):
             return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
         return counted
-    monkeypatch.setattr(runs, "make_evaluator", counting_evaluator)
+    monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
     results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
     assert computed == []  # every batch came from the saved ones
     _same_numbers(results, finished[1])
@@ -544,16 +551,6 @@ def test_ais_refuses_the_image_counts_plain_evaluation_refuses(tmp_path, finishe
 
 
 # The reading path: every file a finished run is read from, every kind of damage ----------------
-
-def _runner():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_experiments", ROOT / "tools" / "run_experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("run_experiments", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 ROOT = Path(__file__).resolve().parent.parent
 DAMAGES = ("deleted", "emptied", "truncated", "header only", "garbage bytes", "wrong JSON type")
@@ -585,10 +582,10 @@ def read_run(tmp_path_factory, curved) -> Path:
     runs 1-3 have)."""
     run = tmp_path_factory.mktemp("read") / "run"
     shutil.copytree(curved, run)
-    record = run_files.read_results(run)["test_log_likelihood"] | {"proposal": "hmc_mean", "checkpoint_step": 40, "seconds": 1.0,
+    record = layout.read_results(run)["test_log_likelihood"] | {"proposal": "hmc_mean", "checkpoint_step": 40, "seconds": 1.0,
                                                    "cpu_model": "test", "code": {"commit": None, "dirty": False}}
     (run / f"{OTHER_EVALUATION}.json").write_text(json.dumps(record))
-    np.save(run / f"{OTHER_EVALUATION}.npy", np.load(run / run_files.PER_EXAMPLE_FILE))
+    np.save(run / f"{OTHER_EVALUATION}.npy", np.load(run / layout.PER_EXAMPLE_FILE))
     return run
 
 
@@ -603,15 +600,14 @@ def _read_everything(run: Path) -> float:
     return finished_run.results["test_log_likelihood"]["mean"]
 
 
-@pytest.mark.parametrize("name", [run_files.CONFIG_FILE, run_files.RESULTS_FILE, run_files.METRICS_FILE,
-                                  run_files.CURVE_FILE, run_files.LAUNCHES_FILE, run_files.PER_EXAMPLE_FILE,
-                                  run_files.LOCAL_BASELINE_FILE, f"{OTHER_EVALUATION}.json",
+@pytest.mark.parametrize("name", [layout.CONFIG_FILE, layout.RESULTS_FILE, layout.METRICS_FILE,
+                                  layout.CURVE_FILE, layout.LAUNCHES_FILE, layout.PER_EXAMPLE_FILE,
+                                  layout.LOCAL_BASELINE_FILE, f"{OTHER_EVALUATION}.json",
                                   f"{OTHER_EVALUATION}.npy"])
 def test_every_damage_to_a_file_a_finished_run_is_read_from_is_recovered_or_named(tmp_path, read_run, name):
     """The reading path: each damage either leaves the run readable with the same numbers, or is
     a RunDirectoryError (FileNotFoundError for a deleted file) naming the file; never another
     exception. The runner's status line holds to the same rule."""
-    runner = _runner()
     intact = _read_everything(read_run)
     plan_run = next(run for run in runner.PLAN if run.headline)
     outcomes = {}
@@ -622,29 +618,28 @@ def test_every_damage_to_a_file_a_finished_run_is_read_from_is_recovered_or_name
         try:
             assert _read_everything(run) == intact
             outcomes[how] = "read"
-        except (run_files.RunDirectoryError, FileNotFoundError) as error:
+        except (layout.RunDirectoryError, FileNotFoundError) as error:
             assert name in str(error), (how, str(error))
             outcomes[how] = "named"
         try:
             runner._status_line(plan_run, run, 30)
-        except run_files.RunDirectoryError as error:
+        except layout.RunDirectoryError as error:
             assert name in str(error), (how, str(error))
-    if name in (run_files.CONFIG_FILE, run_files.RESULTS_FILE):
+    if name in (layout.CONFIG_FILE, layout.RESULTS_FILE):
         assert set(outcomes.values()) == {"named"}, outcomes  # the numbers come from them
-    if name == run_files.PER_EXAMPLE_FILE:  # optional: runs older than it lack it
+    if name == layout.PER_EXAMPLE_FILE:  # optional: runs older than it lack it
         assert outcomes.pop("deleted") == "read" and set(outcomes.values()) == {"named"}, outcomes
-    if name == run_files.LAUNCHES_FILE:
+    if name == layout.LAUNCHES_FILE:
         assert set(outcomes.values()) == {"read"}, outcomes  # the numbers never depend on it
 
 
 @pytest.mark.parametrize("contents", [b"{}", b"[1, 2]", b"", b'{"name": "x"}'])
 def test_the_runner_does_not_count_a_damaged_results_file_as_done(tmp_path, read_run, contents):
-    runner = _runner()
     run = tmp_path / "run"
     shutil.copytree(read_run, run)
     plan_run = next(run for run in runner.PLAN if not run.extra_proposals)
     assert runner._is_done(plan_run, run)
-    (run / run_files.RESULTS_FILE).write_bytes(contents)
+    (run / layout.RESULTS_FILE).write_bytes(contents)
     assert not runner._is_done(plan_run, run)
 
 
@@ -676,16 +671,16 @@ def test_a_damaged_saved_evaluation_batch_is_computed_again(tmp_path):
     np.savez(good, estimates=np.array([-90.0, -91.0]), seconds=2.5)
     (tmp_path / "batch-00001.npz").write_bytes(b"")  # emptied by a full disk
     (tmp_path / "batch-00002.npz").write_bytes(good.read_bytes()[:40])  # cut short
-    done, seconds = run_files.read_partial(tmp_path)
+    done, seconds = layout.read_partial(tmp_path)
     assert list(done) == [0] and done[0].tolist() == [-90.0, -91.0] and seconds == 2.5
 
 
 def test_a_record_appended_to_a_cut_line_keeps_a_line_of_its_own(tmp_path):
     path = tmp_path / "launches.jsonl"
     path.write_bytes(b'{"time": "2026", "code": {"commit": null, "dirty": false}}\n{"time": "20')  # cut by a full disk
-    run_files.append_jsonl(path, {"time": "2027", "code": {"commit": "abc", "dirty": False}})
+    layout.append_jsonl(path, {"time": "2027", "code": {"commit": "abc", "dirty": False}})
     warnings: list[str] = []
-    launches = run_files.read_launches(tmp_path, warnings)
+    launches = layout.read_launches(tmp_path, warnings)
     assert [launch["time"] for launch in launches] == ["2026", "2027"]
     assert len(warnings) == 1 and "line(s) 2 damaged" in warnings[0]
 
@@ -716,12 +711,12 @@ def test_curve_rows_and_launch_records_lost_before_the_checkpoint_are_reported(t
     for lost in ("learning_curve.csv holds 0 of its 1 row(s) up to step 20: the others are lost",
                  "launches.jsonl holds no record of the process(es) that trained steps up to 20"):
         assert any(lost in warning for warning in results["warnings"]), results["warnings"]
-    assert run_files.read_curve(run)["step"].tolist() == [40]
+    assert layout.read_curve(run)["step"].tolist() == [40]
 
 
 def test_a_newer_checkpoint_without_its_index_is_reported_not_skipped_silently(tmp_path, finished, capsys):
     run = _unfinished_copy(finished, tmp_path)
     (run / "checkpoints" / "ckpt-40.index").unlink()
-    _, _, step = runs.restore_model(run)
+    _, _, step = latest_model(run)
     assert step == 20
     assert f"ckpt-40 in {run / 'checkpoints'}: data without an .index file" in capsys.readouterr().err

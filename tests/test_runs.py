@@ -15,10 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vcd_helpers.cli import _parser, main, resolve_config
+from vcd_helpers.runs.cli import _parser, main, resolve_config
 from vcd_helpers.config import Config, load_config
-from vcd_helpers.run_files import RunDirectoryError, read_curve, read_launches
-from vcd_helpers.runs import RunDirectory, evaluate_run, restore_trainer, train_run
+from vcd_helpers.results import RunDirectoryError, read_curve, read_launches
+from vcd_helpers.runs.checkpoints import latest_trainer
+from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.evaluate import evaluate_run
+from vcd_helpers.runs.train import train_run
+from vcd_helpers.trainers import restore_trainer
 
 # The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
 # (local control variates across the scheduled switch, adapted step size, optimiser slots, data
@@ -123,15 +127,19 @@ def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(fin
     step_size = float(final.step_size.numpy())
     assert step_size != config.hmc.initial_step_size
     assert step_size == pytest.approx(results["final_metrics"]["step_size"], rel=0.5)
+    from_final = latest_trainer(run)  # the run service's reader: the same final state
     shutil.rmtree(run / "model")  # as during training: from the newest checkpoint
-    latest = restore_trainer(run)
-    assert int(latest.step.numpy()) == config.steps and float(latest.step_size.numpy()) == step_size
-    for a, b in zip(latest.model.variables + latest.control_variate.variables,
-                    final.model.variables + final.control_variate.variables):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(FileNotFoundError, match="holds no final weights"):
+        restore_trainer(run)  # the library's: finished runs only
+    latest = latest_trainer(run)
+    for restored in (from_final, latest):
+        assert int(restored.step.numpy()) == config.steps and float(restored.step_size.numpy()) == step_size
+        for a, b in zip(restored.model.variables + restored.control_variate.variables,
+                        final.model.variables + final.control_variate.variables):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
     shutil.rmtree(run / "checkpoints")
     with pytest.raises(RunDirectoryError, match="has no checkpoint yet"):
-        restore_trainer(run)
+        latest_trainer(run)
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -10,7 +10,12 @@ written with TensorFlow 2 and TensorFlow Probability. Modules, bottom to top:
 - ``objectives``, ``evaluation``, ``training``: ELBO and VCD losses, importance sampling, steps;
 - ``pipeline``, ``distributed``: the VCD step pipelined over devices, or replicated;
 - ``trainers``: ``build_trainer``, the one way to build a trainer for any of those executions;
-- ``runs``, ``analysis``, ``bench``, ``cli``: results directories, reading them back, timings, the command.
+- ``results``, ``analysis``: a results directory's files and their readers; finished runs compared;
+- ``bench``, ``timing``, ``plots``, ``widgets``, ``notebook``: timings, figures, explorers, the chapters' helpers.
+
+On top of the library, and never imported by it: ``runs``, the run service (``python -m
+vcd_helpers train | evaluate | bench``, results directories that survive interruptions, the
+long runs' plan and runner).
 
 Importing the package first imports TensorFlow quietly (see ``_quiet``): TensorFlow 2.21 prints
 its start-up log lines to file descriptor 2 before any log-level setting applies, and Jupyter

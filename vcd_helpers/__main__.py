@@ -1,7 +1,7 @@
-"""``python -m vcd_helpers``: see ``vcd_helpers.cli``."""
+"""``python -m vcd_helpers``: see ``vcd_helpers.runs.cli``."""
 
 import sys
 
-from vcd_helpers.cli import main
+from vcd_helpers.runs.cli import main
 
 sys.exit(main())

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow_probability as tfp
 
 from vcd_helpers.config import Config
-from vcd_helpers.run_files import (CURVE_FILE, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE, RunDirectoryError,
+from vcd_helpers.results import (CURVE_FILE, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE, RunDirectoryError,
                                    evaluation_file_name, read_array, read_config, read_curve, read_json_object,
                                    read_launches, read_metrics, read_results)
 

@@ -49,8 +49,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-#: A file holding the commit of a source snapshot that has no .git (tools/run_experiments.py
-#: runs the long runs from such a snapshot, so that edits to the work tree never reach them).
+#: A file holding the commit of a source snapshot that has no .git (the run service's
+#: runner runs the long runs from such a snapshot, so that edits to the work tree never reach them).
 COMMIT_FILE = "COMMIT"
 
 

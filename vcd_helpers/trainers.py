@@ -13,6 +13,7 @@ interchangeable:
 
 from __future__ import annotations
 
+import os
 from typing import Union
 
 import tensorflow as tf
@@ -21,6 +22,7 @@ from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.distributed import ReplicatedVCDTrainer
 from vcd_helpers.model import VAE
 from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer
+from vcd_helpers.results import read_final_weights, require_config
 from vcd_helpers.training import VAETrainer, VCDTrainer
 
 Execution = Union[PipelineConfig, tf.distribute.Strategy, None]
@@ -77,3 +79,18 @@ def build_trainer(config: Config, *, execution: Execution = None, jit_compile: b
     if config.method == "vae":
         return VAETrainer(model, config, jit_compile=jit_compile)
     return VCDTrainer(model, config, jit_compile=jit_compile, chain_shards=chain_shards)
+
+
+def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None = None) -> VAETrainer | VCDTrainer:
+    """A trainer (``build_trainer``) at a finished run's final state, to measure the estimator
+    there: the model and, for VCD, the chain's adapted step size and the control variate as the
+    next step would read them (``checkpoint_objects``); ``step`` is the run's last.
+
+    The optimisers' slots are not restored (the final weights do not keep them): to train on,
+    run the training command on the directory. Raises FileNotFoundError when the run has not
+    finished, RunDirectoryError when its files are damaged."""
+    config = require_config(results_dir)
+    trainer = build_trainer(config, jit_compile=jit_compile)
+    read_final_weights(results_dir, trainer.checkpoint_objects())
+    trainer.step.assign(config.num_steps)
+    return trainer

@@ -34,8 +34,14 @@ class Trainer(Protocol):
     metric_names: tuple[str, ...]
     jit_compile: bool  # whether XLA compiles the step (pipelined: its HMC chain)
     steps_per_call: int  # steps ``fit`` runs per host call unless told otherwise
+    chain_shards: int | None  # blocks of the HMC chain's rows (None: no chain)
 
     def train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]: ...
+
+    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
+        """What the final weights hold, by name: the model and what the next step would read of
+        the state carried from step to step (the optimisers' slots and the step are left out)."""
+        ...
 
 
 class VCDEstimate(NamedTuple):
@@ -55,6 +61,7 @@ class VAETrainer(tf.Module):
 
     metric_names = ("loss",)
     steps_per_call = 1
+    chain_shards = None
 
     def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
         super().__init__(name="vae_trainer")
@@ -78,6 +85,9 @@ class VAETrainer(tf.Module):
             optimizer.apply_gradients(gradients[name], self.step)
         self.step.assign_add(1)
         return {"loss": loss / tf.cast(tf.shape(x)[0], loss.dtype)}
+
+    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
+        return {"model": self.model}
 
 
 class VCDTrainer(tf.Module):
@@ -107,6 +117,9 @@ class VCDTrainer(tf.Module):
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = training_seed(config.seed, "vcd")
         self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
+
+    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
+        return {"model": self.model, "step_size": self.step_size, "control_variate": self.control_variate}
 
     def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
         """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings."""

@@ -129,7 +129,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.config is None:
         if not args.resume:
             raise ValueError("--config is required (a preset name or a JSON file), unless --resume is given")
-        from vcd_helpers.runs import RunDirectory  # imports TensorFlow: only when needed
+        from vcd_helpers.runs.directory import RunDirectory  # imports TensorFlow: only when needed
 
         stored = RunDirectory(args.results).stored_config()
         if stored is None:
@@ -266,8 +266,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     strategy = build_strategy(config)  # before any other TensorFlow op
     _report_ready()
-    from vcd_helpers.run_files import SUMMARY_KEYS
-    from vcd_helpers.runs import RunDirectory, train_run
+    from vcd_helpers.results import SUMMARY_KEYS
+    from vcd_helpers.runs.directory import RunDirectory
+    from vcd_helpers.runs.train import train_run
 
     if args.resume and RunDirectory(args.results).stored_config() is None:
         raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
@@ -318,7 +319,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     """``evaluate``: a finished or interrupted run's log-likelihood, by importance sampling or AIS."""
-    from vcd_helpers.runs import evaluate_run, evaluate_run_ais
+    from vcd_helpers.runs.evaluate import evaluate_run, evaluate_run_ais
 
     if args.ais:
         record = evaluate_run_ais(args.results, num_examples=100 if args.examples is None else args.examples,
@@ -330,7 +331,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Set by a supervisor (tools/run_experiments.py) to its process id: the command then dies with it.
+#: Set by a supervisor (``runner``) to its process id: the command then dies with it.
 SUPERVISOR_ENV = "VCD_SUPERVISOR_PID"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -368,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 3
     except KeyboardInterrupt as error:
-        from vcd_helpers.runs import RunInterrupted
+        from vcd_helpers.runs.train import RunInterrupted
 
         print(str(error) if isinstance(error, RunInterrupted) else "interrupted", file=sys.stderr)
         return 130

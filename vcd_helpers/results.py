@@ -22,8 +22,10 @@ evaluation command and the experiment runner read it):
 
 Each reader here returns what its file holds, or recovers what is intact and says so in a
 warning naming the file, or raises ``RunDirectoryError`` naming the file and what to do. None
-returns garbage, and none raises anything else on a damaged file. This module imports neither
-TensorFlow nor the training code: reading a finished run costs a CSV and a JSON file.
+returns garbage, and none raises anything else on a damaged file. It is the library's bottom
+floor for finished runs: the chapters read committed runs (``COMMITTED_RESULTS``) through it,
+and it imports no training code. The run service (``vcd_helpers.runs``), which writes these
+directories, reads them through it too.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import tensorflow as tf
 
 from vcd_helpers.config import Config, EvaluationConfig
+from vcd_helpers.model import VAE
 
 #: The runs committed with this checkout, one directory each (results/NAME): what the chapters read.
 COMMITTED_RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -76,6 +80,10 @@ def evaluation_file_name(evaluation: EvaluationConfig) -> str:
 
 class RunDirectoryError(RuntimeError):
     """The results directory cannot be used for this run (it holds something else, or is damaged)."""
+
+
+class DamagedWeights(RunDirectoryError):
+    """The final weights in model/ cannot be read."""
 
 
 def warn(warnings: list[str] | None, message: str) -> None:
@@ -117,6 +125,42 @@ def read_config(directory: str | os.PathLike) -> Config | None:
         raise RunDirectoryError(
             f"{path} is damaged ({type(error).__name__}: {error}): it records which run this directory holds. "
             "Restore it (e.g. from a copy of the run), or train into a new --results directory") from None
+
+
+def require_config(directory: str | os.PathLike) -> Config:
+    """``read_config``, for a directory that must hold a run. Raises RunDirectoryError otherwise."""
+    config = read_config(directory)
+    if config is None:
+        raise RunDirectoryError(f"{directory} holds no {CONFIG_FILE}: not a results directory")
+    return config
+
+
+def read_final_weights(directory: str | os.PathLike, objects: dict[str, tf.Module | tf.Variable]) -> None:
+    """Fill ``objects`` (named as ``Trainer.checkpoint_objects`` names them) from a finished run's
+    final weights (model/); the file may hold more than they ask for.
+
+    Raises FileNotFoundError when there are none (the run has not finished), RunDirectoryError
+    naming model/ when they lack one of ``objects``, and DamagedWeights naming model/ when they
+    cannot be read."""
+    prefix = Path(directory) / MODEL_DIR / MODEL_PREFIX
+    if not prefix.with_suffix(".index").exists():
+        raise FileNotFoundError(f"{prefix.parent} holds no final weights: the run has not finished")
+    try:
+        tf.train.Checkpoint(**objects).read(str(prefix)).assert_existing_objects_matched().expect_partial()
+    except AssertionError as error:
+        raise RunDirectoryError(f"{prefix} lacks {', '.join(objects)}: it was written before the final weights "
+                                f"carried the chain's state ({error})") from None
+    except (tf.errors.OpError, ValueError, IndexError) as error:
+        raise DamagedWeights(f"the final weights in {prefix.parent} are damaged ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0] if str(error) else ''})") from None
+
+
+def restore_model(directory: str | os.PathLike) -> tuple[VAE, Config]:
+    """A finished run's model, from its final weights (``read_final_weights``), and its config."""
+    config = require_config(directory)
+    model = VAE(config.model, seed=config.seed)
+    read_final_weights(directory, {"model": model})
+    return model, config
 
 
 def finished_results(directory: str | os.PathLike) -> dict[str, Any] | None:
