@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from vcd_helpers import emulation
-from vcd_helpers.training import make_training_loop
+from vcd_helpers.loops import make_training_loop
 
 
 class Recorder:

@@ -15,7 +15,8 @@ from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.pipeline import PipelineConfig, Task
 from vcd_helpers.trainers import build_trainer
-from vcd_helpers.training import accumulate_gradients, fit, max_relative_error
+from vcd_helpers.loops import fit
+from vcd_helpers.training import accumulate_gradients, max_relative_error
 
 STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
 # min_scale 0.1 keeps the untrained encoder's scales away from 1e-4, where g reaches 1e10 and float32

@@ -14,7 +14,7 @@ from vcd_helpers import bench, devices, timing
 from vcd_helpers.config import load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.trainers import build_trainer
-from vcd_helpers.training import Outfeed, fit, make_training_loop
+from vcd_helpers.loops import Outfeed, fit, make_training_loop
 
 CONFIG = load_config("tiny", batch_size=20)
 

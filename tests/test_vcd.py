@@ -160,7 +160,7 @@ def test_one_vcd_step_updates_every_piece_of_state():
 
 
 def test_a_baseline_near_g_reduces_the_estimators_variance():
-    from vcd_helpers.training import estimator_variance
+    from vcd_helpers.variance import estimator_variance
 
     config = load_config("tiny")
     trainer = build_trainer(config, jit_compile=False)
@@ -171,7 +171,7 @@ def test_a_baseline_near_g_reduces_the_estimators_variance():
     for group in none:
         assert tracked[group] < none[group], (group, tracked[group], none[group])
     # Traced once for the trainer, whatever the batch's values and baselines; the same draws again.
-    from vcd_helpers.training import _gradient_draws
+    from vcd_helpers.variance import _gradient_draws
     assert _gradient_draws(trainer, ("encoder_mean", "encoder_scale")).experimental_get_tracing_count() == 1
     assert estimator_variance(trainer, x, g, num_draws=8) == tracked
     with pytest.raises(ValueError, match="num_draws=1"):

@@ -8,6 +8,7 @@ written with TensorFlow 2 and TensorFlow Probability. Modules, bottom to top:
 - ``data``: statically binarised MNIST, offline-capable, and indexed ``tf.data`` pipelines;
 - ``model``, ``hmc``, ``optim``: the VAE, the HMC chain, the reference RMSProp variant;
 - ``objectives``, ``evaluation``, ``training``: ELBO and VCD losses, importance sampling, steps;
+- ``loops``, ``variance``: many steps per host call and the loop around them; the estimator's variance;
 - ``pipeline``, ``distributed``: the VCD step pipelined over devices, or replicated;
 - ``trainers``: ``build_trainer``, the one way to build a trainer for any of those executions;
 - ``results``, ``analysis``: a results directory's files and their readers; finished runs compared;

@@ -5,7 +5,7 @@ Execution styles (``time_training_step``'s ``style``):
 
 - ``eager``: a Python loop calling the step's Python code op by op;
 - ``function``: a Python loop calling the ``tf.function`` step once per batch;
-- ``loop``: ``steps_per_call`` steps inside one ``tf.function`` (``training.make_training_loop``);
+- ``loop``: ``steps_per_call`` steps inside one ``tf.function`` (``loops.make_training_loop``);
 - ``xla`` / ``xla_loop``: the same two with the step compiled by XLA (``jit_compile=True``).
 
 Every timing is ``timing.time_calls``': the median over several calls after a warm-up call
@@ -32,7 +32,7 @@ from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
 from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
-from vcd_helpers.training import make_training_loop
+from vcd_helpers.loops import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
 #: How the benchmark table names each of ``config.PRECISIONS``.

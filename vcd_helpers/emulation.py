@@ -1,7 +1,7 @@
 """An emulated accelerator: the package's real training loop behind host calls of known cost.
 
 On a CPU a host call of a compiled loop costs tens of microseconds, so running k training steps
-per call (``training.make_training_loop``) gains little; on an accelerator each call pays a launch,
+per call (``loops.make_training_loop``) gains little; on an accelerator each call pays a launch,
 a synchronisation and transfers, and the gain is large. ``EmulatedDevice`` makes that per-call
 cost a known, configurable number: every call waits ``call_latency`` seconds on the host (the
 cost λ of a launch), and, where the call moves data, ``feed_latency`` seconds plus bytes over
@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
+from vcd_helpers.loops import make_training_loop
 from vcd_helpers.timing import wait_for
-from vcd_helpers.training import Trainer, make_training_loop
+from vcd_helpers.training import Trainer
 
 
 def _check_seconds(name: str, value: Any) -> float:
@@ -127,7 +128,7 @@ class EmulatedLoop:
 
 
 def emulated_training_loop(trainer: Trainer, batches: tf.data.Dataset, device: EmulatedDevice) -> EmulatedLoop:
-    """The package's in-graph training loop (``training.make_training_loop(trainer)``) run on
+    """The package's in-graph training loop (``loops.make_training_loop(trainer)``) run on
     ``device``: ``call(k)`` waits λ, infeeds k batches of ``batches`` (one transfer), runs the k
     steps, and outfeeds their metrics (one transfer). The loop and its results are the real ones;
     only the waits are emulated. The loop is traced and compiled at its first call.

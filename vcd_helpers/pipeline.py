@@ -367,7 +367,7 @@ class PipelinedVCDTrainer(VCDTrainer):
     gradient_accumulation, 784]; ``timed_step`` also returns the step's measured ``Timeline``.
     ``jit_compile`` compiles the HMC chain (stage 1's forward, most of the work) with XLA; the
     step around it stays a plain ``tf.function``, whose executor runs the devices concurrently.
-    ``training.fit`` runs ``pipeline.device_iterations`` steps per host call (``steps_per_call``).
+    ``loops.fit`` runs ``pipeline.device_iterations`` steps per host call (``steps_per_call``).
     Build it with ``trainers.build_trainer(config, execution=pipeline)``.
     """
 

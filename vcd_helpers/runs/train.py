@@ -26,6 +26,7 @@ from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import device_summary
 from vcd_helpers.distributed import strategy_name
 from vcd_helpers.files import npy_bytes, write_atomic
+from vcd_helpers.loops import fit
 from vcd_helpers.results import (CURVE_COLUMNS, CURVE_STRINGS, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE,
                                  RunDirectoryError, csv_rows, read_launches, read_metrics, warn)
 from vcd_helpers.runs.checkpoints import (KEPT_CHECKPOINTS, newest_checkpoint_name, repair_checkpoint_index,
@@ -36,7 +37,7 @@ from vcd_helpers.runs.evaluate import evaluate_saving_batches, evaluation_record
 from vcd_helpers.runs.logs import LearningCurve, MetricsLog
 from vcd_helpers.timing import Stopwatch
 from vcd_helpers.trainers import build_trainer, check_chain_shards
-from vcd_helpers.training import Trainer, fit
+from vcd_helpers.training import Trainer
 
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
 RESULTS_SCHEMA = 2
