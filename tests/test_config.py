@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vcd_helpers import config
-from vcd_helpers.config import Config, load_config
+from vcd_helpers.config import Config, OptimizerConfig, load_config
 
 
 def test_defaults_are_the_paper():
@@ -41,6 +41,14 @@ def test_bs_experiment_needs_a_batch_size_and_a_tuned_or_given_rate():
         load_config("bs_experiment")
     with pytest.raises(ValueError, match="batch_size=64 is invalid: has no tuned learning rate"):
         load_config("bs_experiment", batch_size=64)
+
+
+def test_an_unset_learning_rate_takes_the_tuned_one_when_built_from_values_and_is_refused_otherwise():
+    values = {"batch_size": 512, "optimizer": {"learning_rate": None}}
+    assert Config.from_dict(values).optimizer.learning_rate == 9e-4
+    assert Config().replace(**values).optimizer.learning_rate == 9e-4
+    with pytest.raises(ValueError, match="optimizer.learning_rate=None is invalid: give a rate"):
+        Config(batch_size=512, optimizer=OptimizerConfig(learning_rate=None))
 
 
 @pytest.mark.parametrize("overrides, message", [

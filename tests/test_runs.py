@@ -184,7 +184,10 @@ def test_cli_overrides():
     assert _resolve("--config", "smoke", "--epochs", "2").num_steps == 1000
     profiled = _resolve("--config", "default", "--profile", "test")
     assert (profiled.num_steps, profiled.evaluation.num_examples) == (30, 20)
-    assert _resolve("--config", "default", "--eval-samples", "64").evaluation.chunk_size == 64
+    few = _resolve("--config", "default", "--eval-samples", "64").evaluation  # the evaluator draws at most 64 a chunk
+    assert (few.num_samples, few.chunk_size) == (64, 100)
+    profiled = _resolve("--config", "default", "--profile", "test", "--eval-samples", "64").evaluation
+    assert (profiled.num_examples, profiled.num_samples, profiled.burn_in) == (20, 64, 10)  # the option wins
     assert (_resolve("--config", "default").precision,
             _resolve("--config", "default", "--precision", "bfloat16").precision) == ("float32", "bfloat16")
 

@@ -170,7 +170,7 @@ class EvaluationConfig:
     split: str = "test"
     proposal: str = "hmc_moments"
     num_samples: int = 20_000
-    chunk_size: int = 100  # samples per chunk: chunk x batch x 784 logits live at once
+    chunk_size: int = 100  # samples per chunk (at most num_samples): chunk x batch x 784 logits live at once
     widen: float = 1.2
     burn_in: int = 300
     kept: int = 300
@@ -205,9 +205,9 @@ _SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfi
 class Config:
     """Everything one training run needs. Defaults are the paper's VCD run.
 
-    Exactly one of ``epochs`` and ``steps`` sets the length of the run; ``steps`` wins when
-    both are given by overrides (``epochs`` is then ignored and reported as such by
-    ``num_steps``).
+    ``steps`` sets the length of the run when given, else ``epochs`` (``num_steps``).
+    ``optimizer.learning_rate`` must be set; ``from_dict``, ``replace`` and ``load_config`` fill
+    an unset one with the tuned rate of the batch size (``TUNED_LEARNING_RATES``).
     """
 
     name: str = "default"
@@ -283,8 +283,8 @@ class Config:
                     "has no tuned learning rate; give optimizer.learning_rate (--learning-rate) "
                     "or use a tuned batch size: " + ", ".join(map(str, TUNED_LEARNING_RATES)),
                 )
-            tuned = dataclasses.replace(self.optimizer, learning_rate=TUNED_LEARNING_RATES[self.batch_size])
-            object.__setattr__(self, "optimizer", tuned)
+            _fail("optimizer.learning_rate", None, "give a rate, or build the config with Config.from_dict or "
+                  "load_config, which take the tuned rate of the batch size")
 
     # Derived quantities: computed, never stored, so they cannot disagree with the fields.
     @property
@@ -353,7 +353,17 @@ def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
         if kind is Config and key in _SECTIONS:
             value = _build(_SECTIONS[key], value, prefix=f"{key}.")
         kwargs[key] = value
+    if kind is Config:
+        optimizer, batch_size = kwargs.get("optimizer", OptimizerConfig()), kwargs.get("batch_size", Config.batch_size)
+        if optimizer.learning_rate is None and batch_size in TUNED_LEARNING_RATES:
+            kwargs["optimizer"] = dataclasses.replace(optimizer, learning_rate=TUNED_LEARNING_RATES[batch_size])
     return kind(**kwargs)
+
+
+def merge_values(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (nested plain values, e.g. ``preset_values``) with ``overrides`` merged in, section
+    by section; a ``None`` override unsets the value. Raises ValueError naming an unknown key."""
+    return _merge(base, overrides, prefix="")
 
 
 def _merge(base: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -482,7 +492,6 @@ class RunProfile:
             base or EvaluationConfig(),
             num_examples=self.eval_examples,
             num_samples=self.eval_samples,
-            chunk_size=min(self.eval_samples, EvaluationConfig().chunk_size),
             burn_in=self.eval_burn_in,
             kept=self.eval_kept,
         )

@@ -27,7 +27,7 @@ import time
 from typing import Sequence
 
 from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PRECISIONS, PROFILES, PROPOSALS, STRATEGIES, Config,
-                                EvaluationConfig, get_profile, load_config, preset_values)
+                                EvaluationConfig, get_profile, load_config, merge_values, preset_values)
 
 
 def _positive_int(text: str) -> int:
@@ -137,49 +137,37 @@ def resolve_config(args: argparse.Namespace) -> Config:
         values = stored.to_dict()
     else:
         values = preset_values(args.config)
-    for option, key in (("method", "method"), ("batch_size", "batch_size"), ("seed", "seed")):
-        if getattr(args, option) is not None:
-            values[key] = getattr(args, option)
-    if args.curve_every_epochs is not None:
-        values["curve_every_epochs"] = args.curve_every_epochs
-    if args.lr_decay_epochs is not None:
-        values["optimizer"]["lr_decay_epochs"] = args.lr_decay_epochs
-    if args.learning_rate is not None:
-        values["optimizer"]["learning_rate"] = args.learning_rate
-    elif args.batch_size is not None:
-        values["optimizer"]["learning_rate"] = None  # the tuned rate of that batch size, or a clear error
+    # Each option given overrides its key (merge_values, as load_config's overrides do); None unsets.
+    given = lambda **options: {key: value for key, value in options.items() if value is not None}  # noqa: E731
+    overrides = given(method=args.method, batch_size=args.batch_size, seed=args.seed, steps=args.steps,
+                      curve_every_epochs=args.curve_every_epochs, precision=args.precision)
+    overrides["optimizer"] = given(lr_decay_epochs=args.lr_decay_epochs, learning_rate=args.learning_rate)
+    if args.batch_size is not None and args.learning_rate is None:
+        overrides["optimizer"]["learning_rate"] = None  # the tuned rate of that batch size, or a clear error
     if args.epochs is not None:
-        values["epochs"], values["steps"] = args.epochs, None
-    if args.steps is not None:
-        values["steps"] = args.steps
-    if args.profile is not None:
+        overrides |= {"epochs": args.epochs, "steps": args.steps}
+    overrides["evaluation"] = {}
+    if args.profile is not None:  # the profile's length and evaluation; the --eval-* options on top
         profile = get_profile(args.profile)
-        values["steps"] = profile.train_steps
-        values["evaluation"] = dataclasses.asdict(profile.evaluation_config(EvaluationConfig(**values["evaluation"])))
-    for option, key in (("eval_split", "split"), ("eval_examples", "num_examples"),
-                        ("eval_samples", "num_samples"), ("eval_proposal", "proposal")):
-        if getattr(args, option) is not None:
-            values["evaluation"][key] = getattr(args, option)
-    values["evaluation"]["chunk_size"] = min(values["evaluation"]["num_samples"], values["evaluation"]["chunk_size"])
-    if args.control_variate is not None:
-        values["control_variate"]["kind"] = args.control_variate
-    if args.precision is not None:
-        values["precision"] = args.precision
+        sized = profile.evaluation_config(EvaluationConfig(**values["evaluation"]))
+        overrides |= {"steps": profile.train_steps, "evaluation": dataclasses.asdict(sized)}
+    overrides["evaluation"] |= given(split=args.eval_split, num_examples=args.eval_examples,
+                                     num_samples=args.eval_samples, proposal=args.eval_proposal)
+    overrides["control_variate"] = given(kind=args.control_variate)
     if args.strategy is not None:
-        values["strategy"] = args.strategy
-        values["replicas"] = 1
-        if args.strategy == "mirrored":
-            values["replicas"] = 2
-        elif args.strategy == "multi_worker":
+        replicas = {"none": 1, "mirrored": 2}.get(args.strategy)
+        if replicas is None:  # multi_worker: one replica per worker of TF_CONFIG
             from vcd_helpers.distributed import tf_config_workers
 
-            values["replicas"] = len(tf_config_workers()[0])
+            replicas = len(tf_config_workers()[0])
+        overrides |= {"strategy": args.strategy, "replicas": replicas}
     if args.replicas is not None:
-        if values["strategy"] != "mirrored":
-            raise ValueError(f"--replicas {args.replicas} is invalid with strategy={values['strategy']!r}: only "
+        strategy = overrides.get("strategy", values["strategy"])
+        if strategy != "mirrored":
+            raise ValueError(f"--replicas {args.replicas} is invalid with strategy={strategy!r}: only "
                              "--strategy mirrored takes a number of replicas")
-        values["replicas"] = args.replicas
-    return Config.from_dict(values)
+        overrides["replicas"] = args.replicas
+    return Config.from_dict(merge_values(values, overrides))
 
 
 #: Set (to a pipe's file descriptor) in a multi-worker training process started by ``_supervise``.

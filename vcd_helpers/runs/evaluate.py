@@ -84,7 +84,6 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     every image beside it (.npy); returns the record."""
     model, config, step = _restore_writable(results_dir)
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
-    evaluation = dataclasses.replace(evaluation, chunk_size=min(evaluation.chunk_size, evaluation.num_samples))
     result, seconds, discard_batches = evaluate_saving_batches(model, evaluation, config, Path(results_dir), step)
     record = _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation),
                               evaluation_record(result, evaluation), result.per_example, step, seconds)
