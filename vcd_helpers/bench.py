@@ -32,6 +32,7 @@ from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
 from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
+from vcd_helpers.training import Trainer
 from vcd_helpers.loops import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
@@ -102,33 +103,38 @@ def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int 
     """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module),
     taking batches from an endless pipeline. ``steps_per_call`` applies to the ``loop`` styles (the
     others run one step per call); ``chain_shards``, to VCD's trainer (``trainers.build_trainer``;
-    None: one block per compute thread). The first call traces and compiles. The trainer and its
-    compiled step are built once per (config, style, seed, chain_shards) in this process
-    (``_built_step``) and shared by every later call, whatever its ``steps_per_call`` (k is a
-    tensor of the loop): timing the same step again never compiles it again, and the weights
-    carry on training from where the last timing left them."""
+    None: one block per compute thread). The trainer and its compiled step are built once per
+    (config, style, seed, chain_shards) in this process (``_compiled_step``), whatever the
+    ``steps_per_call`` (k is a tensor of the loop), so timing the same step again never compiles it
+    again; each ``step_call`` starts it from the trainer's initial state and the first batch, so
+    that no timing inherits the weights an earlier one trained (calls alive at once share them)."""
     if style not in STYLES:
         raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
     if config.method == "vcd" and chain_shards is None:
         chain_shards = compute_threads()
     k = steps_per_call if style in ("loop", "xla_loop") else 1
-    step = _built_step(config, style, seed, chain_shards)
-    steps = tf.constant(k)
-    return (lambda: step(steps)), k
+    trainer, step, initial_state = _compiled_step(config, style, seed, chain_shards)
+    for variable, value in zip(trainer.variables, initial_state):
+        variable.assign(value)
+    iterator = iter(indexed_batches(load_binarized_mnist("train")[: config.train_examples], config.batch_size, seed))
+    if style in ("loop", "xla_loop"):
+        steps = tf.constant(k)
+        return (lambda: step(iterator, steps)), k
+    return (lambda: step(*next(iterator))), k
 
 
 @functools.cache
-def _built_step(config: Config, style: str, seed: int, chain_shards: int | None) -> Callable[[tf.Tensor], Any]:
-    """``step(k)`` runs k steps of a trainer built for these arguments (k must be 1 outside the
-    ``loop`` styles); cached, so that each is traced and compiled once per process."""
+def _compiled_step(config: Config, style: str, seed: int,
+                   chain_shards: int | None) -> tuple[Trainer, Callable[..., Any], list[np.ndarray]]:
+    """The trainer built for these arguments, its step in ``style`` (``loop(iterator, k)`` for the
+    ``loop`` styles, else ``step(index, x)``) and the trainer's initial state; cached, so that each
+    is traced and compiled once per process."""
     trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"), chain_shards=chain_shards)
-    images = load_binarized_mnist("train")[: config.train_examples]
-    iterator = iter(indexed_batches(images, config.batch_size, seed))
     if style in ("loop", "xla_loop"):
-        loop = make_training_loop(trainer)
-        return lambda steps: loop(iterator, steps)
-    step = trainer._train_step if style == "eager" else trainer.train_step
-    return lambda steps: step(*next(iterator))
+        step = make_training_loop(trainer)
+    else:
+        step = trainer.train_step.python_function if style == "eager" else trainer.train_step
+    return trainer, step, [variable.numpy() for variable in trainer.variables]
 
 
 def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, calls: int = 5,
