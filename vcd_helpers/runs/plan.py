@@ -1,6 +1,6 @@
 """The plan of the long runs behind chapter 7, in priority order.
 
-Each ``Run`` is one training command (``python -m vcd_helpers train`` with its options) into a
+Each ``PlannedRun`` is one training command (``python -m vcd_helpers train`` with its options) into a
 results directory of its name; ``runner`` runs the plan and chapter 7 reports
 it, including which runs have not finished.
 """
@@ -20,7 +20,7 @@ CURVE = ("--curve-every-epochs", "25")
 
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
     """One planned run: its name (directory), the train command's options, and whether it also
     gets the other two proposals' evaluations and commits its final weights (runs 1-3)."""
 
@@ -33,17 +33,17 @@ class Run:
         return tuple(p for p in PROPOSALS if p != "hmc_moments") if self.headline else ()
 
 
-def _plan() -> list[Run]:
+def _plan() -> list[PlannedRun]:
     runs = [
         # 1-3: the paper's length, 800 epochs (400,000 steps at batch 100).
-        Run("vcd_scheduled_e800_s0", ("--config", "default", "--epochs", "800", *CURVE), headline=True),
-        Run("vae_e800_s0", ("--config", "default", "--method", "vae", "--epochs", "800", *CURVE), headline=True),
-        Run("vcd_global_e800_s0", ("--config", "global_cv", "--epochs", "800", *CURVE), headline=True),
+        PlannedRun("vcd_scheduled_e800_s0", ("--config", "default", "--epochs", "800", *CURVE), headline=True),
+        PlannedRun("vae_e800_s0", ("--config", "default", "--method", "vae", "--epochs", "800", *CURVE), headline=True),
+        PlannedRun("vcd_global_e800_s0", ("--config", "global_cv", "--epochs", "800", *CURVE), headline=True),
         # Claim 4 (training longer beats the paper): twice the paper's length, its learning-rate
         # decay timescale stretched in proportion (every 60 epochs instead of 30, as the blog
         # stretched it for 8,200). Second in line, so that it holds one of the runner's two slots
         # while the rest of the plan passes through the other.
-        Run("vcd_scheduled_e1600_s0", ("--config", "default", "--epochs", "1600", "--lr-decay-epochs", "60", *CURVE),
+        PlannedRun("vcd_scheduled_e1600_s0", ("--config", "default", "--epochs", "1600", "--lr-decay-epochs", "60", *CURVE),
             headline=True),
     ]
     # 4: 100 epochs, three seeds, for error bars and paired per-image differences.
@@ -51,19 +51,19 @@ def _plan() -> list[Run]:
              "vcd_local": ("--config", "default", "--control-variate", "local"),
              "vae": ("--config", "default", "--method", "vae")}
     for seed in (0, 1, 2):
-        runs += [Run(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
+        runs += [PlannedRun(f"{kind}_e100_s{seed}", (*options, "--epochs", "100", "--seed", str(seed), *CURVE))
                  for kind, options in kinds.items()]
         if seed == 0:
             # bfloat16 multiplies against vcd_scheduled_e100_s0 (float32), which runs beside it:
             # acceptance, step size and log-likelihood of the same run but for the multiplies.
-            runs.insert(-3, Run("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed",
+            runs.insert(-3, PlannedRun("vcd_scheduled_e100_s0_bf16", ("--config", "default", "--epochs", "100", "--seed",
                                                                "0", "--precision", "bfloat16", *CURVE)))
     # 5: the blog's batch-size study at 100 epochs (global baseline, tuned learning rates), its
     # decay timescale (307 epochs in 8,200) scaled to the length: 30 epochs x 100 / 800.
-    runs += [Run(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",
+    runs += [PlannedRun(f"bs{b}_e100", ("--config", "bs_experiment", "--batch-size", str(b), "--epochs", "100",
                                  "--lr-decay-epochs", "3.75", *CURVE))
              for b in (16, 100, 128, 512, 1024)]
     return runs
 
 
-PLAN: list[Run] = _plan()
+PLAN: list[PlannedRun] = _plan()

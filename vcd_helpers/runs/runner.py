@@ -42,11 +42,11 @@ from pathlib import Path
 
 from vcd_helpers.devices import COMMIT_FILE, cpu_model
 from vcd_helpers.results import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE, MODEL_DIR,
-                                 SMALL_FILES, RunDirectoryError, checkpoint_steps, evaluation_file_name,
+                                 RESULTS_FILE, SMALL_FILES, RunDirectoryError, checkpoint_steps, evaluation_file_name,
                                  finished_results, read_config, read_text)
 from vcd_helpers.runs.cli import SUPERVISOR_ENV
 from vcd_helpers.runs.directory import RunDirectory
-from vcd_helpers.runs.plan import PLAN, Run
+from vcd_helpers.runs.plan import PLAN, PlannedRun
 
 #: The repository the runs' code is exported from (a snapshot of its last commit).
 ROOT = RESULTS.parent
@@ -58,7 +58,7 @@ def runs_dir(arg: str | None) -> Path:
 
 # ------------------------------------------------------------------------------------ state
 
-def _missing_evaluations(run: Run, directory: Path) -> list[str]:
+def _missing_evaluations(run: PlannedRun, directory: Path) -> list[str]:
     config = read_config(directory)
     if config is None:
         raise RunDirectoryError(f"{directory} holds no config.json")
@@ -67,7 +67,7 @@ def _missing_evaluations(run: Run, directory: Path) -> list[str]:
             if not (directory / evaluation_file_name(dataclasses.replace(evaluation, proposal=p))).exists()]
 
 
-def _is_done(run: Run, directory: Path) -> bool:
+def _is_done(run: PlannedRun, directory: Path) -> bool:
     """Finished and evaluated; a run whose config.json is damaged is not (its training command then
     names the file, and the runner logs that and goes on with the other runs)."""
     try:
@@ -76,7 +76,7 @@ def _is_done(run: Run, directory: Path) -> bool:
         return False
 
 
-def _is_committed(run: Run) -> bool:
+def _is_committed(run: PlannedRun) -> bool:
     """Whether results/NAME holds the run finished, so that a lost runs directory does not
     train it again."""
     return _is_done(run, RESULTS / run.name)
@@ -109,7 +109,7 @@ def snapshot(root: Path) -> tuple[str, Path]:
     return commit, code
 
 
-def collect(run: Run, directory: Path) -> Path:
+def collect(run: PlannedRun, directory: Path) -> Path:
     """Copy a finished run's small files (and, for runs 1-3, its final weights) into results/."""
     target = RESULTS / run.name
     target.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ class Runner:
             self.processes.discard(process)
         return code
 
-    def _wait_for_holder(self, run: Run, directory: Path) -> bool:
+    def _wait_for_holder(self, run: PlannedRun, directory: Path) -> bool:
         """Wait while another process holds the run's directory: a training of a runner killed a
         moment ago (it saves its checkpoint and exits on the SIGTERM its runner's death sent), or
         one started by hand. False when this runner is stopped meanwhile."""
@@ -164,7 +164,7 @@ class Runner:
             time.sleep(self.poll_seconds)
         return True
 
-    def work(self, run: Run) -> str:
+    def work(self, run: PlannedRun) -> str:
         directory = self.root / "runs" / run.name
         if self.stopping or not self._wait_for_holder(run, directory):
             return "not started"
@@ -184,7 +184,7 @@ class Runner:
         collect(run, directory)
         return "done; small files in " + str((RESULTS / run.name).relative_to(ROOT))
 
-    def run(self, plan: list[Run]) -> int:
+    def run(self, plan: list[PlannedRun]) -> int:
         pending = [run for run in plan if not (_is_done(run, self.root / "runs" / run.name) or _is_committed(run))]
         self.log(f"{len(plan) - len(pending)} of {len(plan)} runs done; {len(pending)} to go, {self.jobs} at a time")
         failures = 0
@@ -262,14 +262,17 @@ def _naming(path: Path):
         raise RunDirectoryError(f"{path} is damaged ({type(error).__name__}: {error})") from None
 
 
-def _status_line(run: Run, directory: Path, width: int) -> str:
+def _status_line(run: PlannedRun, directory: Path, width: int) -> str:
     """``status``'s line for one run. Raises RunDirectoryError naming a damaged config.json,
-    metrics.csv or learning_curve.csv."""
+    results.json, metrics.csv or learning_curve.csv."""
     results = finished_results(directory)
     holder = RunDirectory(directory).holder()
     config = read_config(directory)
     if config is None:
         return f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}"
+    if results is None and (directory / RESULTS_FILE).exists():
+        raise RunDirectoryError(f"{directory / RESULTS_FILE} is damaged: the run's training command (which the "
+                                "runner gives it) evaluates the finished run again and rewrites it")
     with _naming(directory / METRICS_FILE):
         rows = _tail_rows(directory / METRICS_FILE, 6)
         step = int(rows[-1][0]) if rows else 0
