@@ -36,7 +36,7 @@ def fold_in(seed: SeedLike, data: int | tf.Tensor) -> tf.Tensor:
     A Python int ``data`` folds in as int32; a tensor keeps its integer dtype, which the result
     takes (the trainers fold their int64 step counter into their seed), and a seed tensor is used
     as it is: the draws are those of ``tf.random.experimental.stateless_fold_in`` on the same
-    tensors, so checkpoints of runs made before this helper resume to the same numbers."""
+    tensors (a cast would change every draw of a resumed run)."""
     seed = as_seed(seed) if isinstance(seed, int) else tf.convert_to_tensor(seed)
     data = tf.constant(data, tf.int32) if isinstance(data, int) else tf.convert_to_tensor(data)
     return tf.random.experimental.stateless_fold_in(seed, data)
