@@ -1,0 +1,44 @@
+"""The package's two wings: the library the chapters teach from never imports the run service
+(``vcd_helpers.runs``), and the results layout the chapters read is a bottom floor that imports
+no training code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "vcd_helpers"
+LIBRARY = sorted(p for p in PACKAGE.glob("*.py") if p.name != "__main__.py")
+TRAINING_CODE = {"training", "trainers", "loops", "variance", "objectives", "hmc", "optim", "pipeline",
+                 "distributed", "evaluation", "control_variates"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, absolute, at any depth of its code (function-level too)."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+            modules |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return modules
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
+def test_the_library_never_imports_the_run_service(path):
+    reaching_up = sorted(m for m in imported_modules(path) if m == "vcd_helpers.runs" or m.startswith("vcd_helpers.runs."))
+    assert not reaching_up, f"{path.name} imports {reaching_up}"
+
+
+def test_the_results_layout_imports_no_training_code():
+    imported = {m.removeprefix("vcd_helpers.") for m in imported_modules(PACKAGE / "results.py")}
+    assert not imported & TRAINING_CODE, sorted(imported & TRAINING_CODE)
+
+
+def test_the_check_sees_an_import_of_the_run_service(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("def f():\n    from vcd_helpers import runs\n    from vcd_helpers.runs.train import train_run\n")
+    assert {"vcd_helpers.runs", "vcd_helpers.runs.train"} <= imported_modules(module)
