@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from vcd_helpers.data import load_binarized_mnist
-from vcd_helpers.hmc import block_sizes, hmc_chain, leapfrog, run_on_posterior, sharded_target, value_and_gradient
+from vcd_helpers.hmc import block_sizes, hmc_chain, leapfrog, trace_posterior, sharded_target, value_and_gradient
 from vcd_helpers.model import VAE
 
 COV = np.array([[1.0, 0.8, 0.0], [0.8, 1.0, 0.3], [0.0, 0.3, 0.5]])
@@ -129,12 +129,12 @@ def test_bad_arguments_are_named(kwargs, message):
 def test_a_chain_on_a_vae_posterior_starts_from_the_encoder_and_climbs():
     model = VAE(seed=0)
     x = tf.constant(load_binarized_mnist("test")[:6], tf.float32)
-    run = run_on_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4)
+    run = trace_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4)
     assert run.z0.shape == (6, 10) and run.log_probs.shape == (13, 6) and run.after.shape == (6, 784)
     assert run.accept_rates.shape == run.step_sizes.shape == (12,) and 0 <= run.accept_rate <= 1
     np.testing.assert_allclose(run.log_probs[0], model.log_joint(x, tf.constant(run.z0)).numpy(), rtol=1e-6)
     assert run.log_probs[-1].mean() > run.log_probs[0].mean()  # an untrained encoder's draws are far off
-    again = run_on_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4,
+    again = trace_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4,
                              z0=tf.constant(run.z0))
     np.testing.assert_array_equal(again.log_probs, run.log_probs)  # the same start and seed: the same chain
 

@@ -28,10 +28,11 @@ import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.config import EvaluationConfig, HMCConfig, check_positive_int
-from vcd_helpers.hmc import hmc_chain
+from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_rate, mean_over_iterations,
+                             sample_chain)
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import posterior_distribution
-from vcd_helpers.seeds import SeedLike, as_seed, fold_in, split_seed
+from vcd_helpers.seeds import SeedLike, fold_in, split_seed
 
 LogJointFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -62,7 +63,7 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
     chunk_size = min(chunk_size, num_samples)
     num_chunks = -(-num_samples // chunk_size)
     proposal = posterior_distribution(proposal_loc, proposal_scale)
-    chunk_seeds = tf.random.experimental.stateless_split(as_seed(seed), num=num_chunks)
+    chunk_seeds = split_seed(seed, num_chunks)
     dtype = proposal_loc.dtype
     batch = tf.shape(proposal_loc)[0]
 
@@ -134,23 +135,24 @@ def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, st
             raise ValueError(f"initial_state has shape {initial_state.shape}: expected {loc.shape} "
                              f"(one start [B, D] per image)")
     burn_seed, keep_seed = tf.unstack(split_seed(seed, 2))
-
-    def target(z):
-        return model.log_joint(x, z)
-
+    kernel = HamiltonianMonteCarlo(lambda z: model.log_joint(x, z), step_size, num_leapfrog_steps)
     state = loc if initial_state is None else initial_state
     burn_in_states, burn_in_accept_rate = None, tf.constant(np.nan, loc.dtype)
     if burn_in > 0:
-        burn = hmc_chain(target, state, step_size, num_iterations=burn_in, num_leapfrog_steps=num_leapfrog_steps,
-                         seed=burn_seed, adapt_step_size=True, target_accept_rate=target_accept_rate,
-                         adaptation_rate=adaptation_rate, return_trace=trace_burn_in)
-        state, step_size, burn_in_accept_rate = burn.final_state, burn.step_size, burn.accept_rate
-        if trace_burn_in:
-            burn_in_states = burn.trace.states
-    sampled = hmc_chain(target, state, step_size, num_iterations=kept, num_leapfrog_steps=num_leapfrog_steps,
-                        seed=keep_seed, adapt_step_size=False, return_trace=True)
-    return PosteriorChain(sampled.trace.states, burn_in_states, sampled.step_size, burn_in_accept_rate,
-                          sampled.accept_rate)
+        def burn_in_trace(z, results):  # states only when asked for: the paper's burn-in is 300 iterations
+            return (z if trace_burn_in else ()), accept_rate(results.inner_results)
+
+        burn = sample_chain(burn_in, state, StepSizeAdaptation(kernel, target_accept_rate, adaptation_rate),
+                            seed=burn_seed, trace_fn=burn_in_trace)
+        states, accept_rates = burn.trace
+        state, burn_in_accept_rate = burn.final_state, mean_over_iterations(accept_rates)
+        burn_in_states = states if trace_burn_in else None
+        kernel = kernel.copy(step_size=burn.final_kernel_results.new_step_size)  # frozen from here on
+    sampled = sample_chain(kept, state, kernel, seed=keep_seed,
+                           trace_fn=lambda z, results: (z, accept_rate(results)))
+    kept_states, accept_rates = sampled.trace
+    return PosteriorChain(kept_states, burn_in_states, sampled.final_kernel_results.step_size, burn_in_accept_rate,
+                          mean_over_iterations(accept_rates))
 
 
 def hmc_posterior_moments(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, step_size: float,
@@ -206,9 +208,10 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
 
     Starts ``num_chains`` chains per example from q = N(loc, diag(scale^2)) and moves them
     through f_t(z) = log q(z) + beta_t (target(z) - log q(z)), t = 1..T (``sigmoid_schedule``),
-    with one HMC iteration of the package's kernel (``hmc_chain``) per temperature, which leaves
-    f_t invariant. Each chain's log weight adds (beta_t - beta_{t-1}) (target(z) - log q(z)) before
-    each move; log Z ~ logsumexp over chains - log K. The estimate is unbiased for Z, so its log
+    with one iteration of the package's HMC kernel (``hmc.HamiltonianMonteCarlo``, its step size
+    adapted by ``hmc.StepSizeAdaptation``) per temperature, which leaves f_t invariant. Each
+    chain's log weight adds (beta_t - beta_{t-1}) (target(z) - log q(z)) before each move;
+    log Z ~ logsumexp over chains - log K. The estimate is unbiased for Z, so its log
     is a stochastic lower bound on log Z, like importance sampling's, but it needs no proposal
     close to the target.
 
@@ -221,7 +224,7 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
     check_positive_int("num_chains", num_chains)
     betas = tf.constant(sigmoid_schedule(num_temperatures), initial_loc.dtype)
     init_seed, move_seed = tf.unstack(split_seed(seed, 2))
-    move_seeds = tf.random.experimental.stateless_split(move_seed, num=num_temperatures)
+    move_seeds = split_seed(move_seed, num_temperatures)
     start = posterior_distribution(initial_loc, initial_scale)
     # The latent size stays static where it is known: the model's layers need it.
     batch, dims = tf.shape(initial_loc)[0], initial_loc.shape[-1] or tf.shape(initial_loc)[1]
@@ -233,15 +236,16 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
         log_weights = log_weights + (betas[t] - betas[t - 1]) * log_ratio(z)
         beta = betas[t]
 
-        def annealed(flat):  # f_t on [K B, D], as hmc_chain's chains
+        def annealed(flat):  # f_t on [K B, D], the kernel's chains
             z = tf.reshape(flat, [num_chains, batch, dims])
             return tf.reshape(start.log_prob(z) + beta * log_ratio(z), [-1])
 
-        move = hmc_chain(annealed, tf.reshape(z, [-1, dims]), step_size, num_iterations=1,
-                         num_leapfrog_steps=num_leapfrog_steps, seed=move_seeds[t - 1],
-                         target_accept_rate=target_accept_rate, adaptation_rate=adaptation_rate)
+        kernel = StepSizeAdaptation(HamiltonianMonteCarlo(annealed, step_size, num_leapfrog_steps),
+                                    target_accept_rate, adaptation_rate)
+        move = sample_chain(1, tf.reshape(z, [-1, dims]), kernel, seed=move_seeds[t - 1])
         z = tf.ensure_shape(tf.reshape(move.final_state, [num_chains, batch, dims]), z.shape)
-        return t + 1, z, log_weights, move.step_size, accept_sum + move.accept_rate
+        results = move.final_kernel_results
+        return t + 1, z, log_weights, results.new_step_size, accept_sum + accept_rate(results.inner_results)
 
     z0 = start.sample(num_chains, seed=init_seed)
     _, _, log_weights, step_size, accept_sum = tf.while_loop(

@@ -1,39 +1,46 @@
-"""Hamiltonian Monte Carlo for a batch of independent chains, as in the VCD reference code.
+"""Hamiltonian Monte Carlo for a batch of independent chains, as in the VCD reference code, in
+the shape of TensorFlow Probability's ``tfp.mcmc`` kernels.
 
 Each iteration draws a fresh momentum p ~ N(0, I) (identity mass matrix), integrates
 Hamilton's equations with ``num_leapfrog_steps`` leapfrog steps of size ``step_size``, and
-accepts or rejects the end point per chain with the Metropolis rule. One scalar step size is
-shared by all chains and dimensions and, when adapting, moves after every iteration towards a
-target acceptance rate (the reference's rule):
+accepts or rejects the end point per chain with the Metropolis rule (``HamiltonianMonteCarlo``).
+One scalar step size is shared by all chains and dimensions and, when adapting
+(``StepSizeAdaptation``, a kernel around it), moves after every iteration towards a target
+acceptance rate (the reference's rule):
 
     step_size <- step_size + adaptation_rate * ((mean_accept - target) / target) * step_size
 
 where mean_accept is the fraction of chains that accepted in that iteration.
 
 The gradient of the log density at the current state is carried from one iteration to the
-next: a trajectory of L leapfrog steps then costs L gradient evaluations instead of the
-reference's L + 1 (5 instead of 6 per iteration, 41 instead of 48 per 8-iteration chain).
+next in the kernel results: a trajectory of L leapfrog steps then costs L gradient evaluations
+instead of the reference's L + 1 (5 instead of 6 per iteration, 41 instead of 48 per
+8-iteration chain).
+
+``sample_chain`` runs a kernel for N iterations and records what its ``trace_fn`` picks;
+``hmc_chain`` composes the three. Both kernels subclass ``tfp.mcmc.TransitionKernel`` and follow
+its protocol (``bootstrap_results``, ``one_step``), so TFP's own kernels run in ``sample_chain``.
 
 Gradients never flow through the chain: the initial state and step size are wrapped in
 ``stop_gradient`` and each gradient of the target is taken with respect to the state only.
 Call it outside any outer ``GradientTape`` (or inside ``tape.stop_recording()``) so that the
 tape does not keep the loop's intermediates alive.
 
-``run_on_posterior`` runs the chain on a VAE's posterior p(z | x) from the encoder's samples and
+``trace_posterior`` runs the chain on a VAE's posterior p(z | x) from the encoder's samples and
 returns what the chapters plot (the HMC chapter's figure and explorer, the VCD chapter's check).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
-
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 from vcd_helpers.config import HMCConfig, check_positive_int
 from vcd_helpers.model import VAE
-from vcd_helpers.seeds import SeedLike, as_seed, split_seed
+from vcd_helpers.seeds import SeedLike, split_seed
 
 TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
 #: log density of states z [B, D] given data rows [B, ...] -> [B], row b depending on row b only.
@@ -132,12 +139,210 @@ def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf
     return state, momentum + 0.5 * step_size * gradient, log_prob, gradient
 
 
+class HMCKernelResults(NamedTuple):
+    """What one HMC iteration hands the next. target_log_prob [B] and grads_target_log_prob
+    [B, D]: the target and its gradient at the current state; step_size: the scalar the last
+    iteration integrated with (and the next one will, unless an adaptation replaces it);
+    is_accepted [B]: each chain's last Metropolis decision (all True before the first)."""
+
+    target_log_prob: tf.Tensor
+    grads_target_log_prob: tf.Tensor
+    step_size: tf.Tensor
+    is_accepted: tf.Tensor
+
+
+class HamiltonianMonteCarlo(tfp.mcmc.TransitionKernel):
+    """HMC with an identity mass matrix on states [B, D], one chain per row, one scalar step size.
+
+    ``bootstrap_results(state)`` evaluates the target and its gradient at the start (the only
+    evaluation outside a trajectory); ``one_step(state, results, seed)`` takes the step size from
+    ``results``, as ``tfp.mcmc.HamiltonianMonteCarlo`` does, so that an adaptation kernel can set it.
+    Raises: ValueError if num_leapfrog_steps is not a positive integer.
+    """
+
+    def __init__(self, target_log_prob_fn: TargetLogProbFn, step_size: float | tf.Tensor, num_leapfrog_steps: int):
+        check_positive_int("num_leapfrog_steps", num_leapfrog_steps)
+        self._parameters = dict(target_log_prob_fn=target_log_prob_fn, step_size=step_size,
+                                num_leapfrog_steps=num_leapfrog_steps)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self._parameters
+
+    @property
+    def target_log_prob_fn(self) -> TargetLogProbFn:
+        return self._parameters["target_log_prob_fn"]
+
+    @property
+    def step_size(self) -> float | tf.Tensor:
+        return self._parameters["step_size"]
+
+    @property
+    def num_leapfrog_steps(self) -> int:
+        return self._parameters["num_leapfrog_steps"]
+
+    @property
+    def is_calibrated(self) -> bool:
+        return True
+
+    def bootstrap_results(self, init_state: tf.Tensor) -> HMCKernelResults:
+        """Results at init_state [B, D]. Raises: ValueError if init_state is not of rank 2."""
+        if init_state.shape.rank != 2:
+            raise ValueError(f"initial_state has shape {init_state.shape}: expected [chains, dims]")
+        log_prob, gradient = value_and_gradient(self.target_log_prob_fn, init_state)
+        step_size = tf.stop_gradient(tf.cast(self.step_size, init_state.dtype))
+        return HMCKernelResults(log_prob, gradient, step_size, tf.ones_like(log_prob, tf.bool))
+
+    def one_step(self, current_state: tf.Tensor, previous_kernel_results: HMCKernelResults,
+                 seed: tf.Tensor) -> tuple[tf.Tensor, HMCKernelResults]:
+        """One iteration from current_state [B, D]: momentum draw, trajectory, Metropolis test per
+        chain. ``seed`` [2] is this iteration's own."""
+        state, results, dtype = current_state, previous_kernel_results, current_state.dtype
+        momentum_seed, accept_seed = tf.unstack(split_seed(seed, 2))
+        momentum = tf.random.stateless_normal(tf.shape(state), seed=momentum_seed, dtype=dtype)
+        new_state, new_momentum, new_log_prob, new_gradient = leapfrog(
+            self.target_log_prob_fn, state, momentum, results.grads_target_log_prob, results.step_size,
+            self.num_leapfrog_steps)
+        # log of the Metropolis ratio exp(H_current - H_proposed); a diverged trajectory is rejected.
+        log_ratio = (new_log_prob - kinetic_energy(new_momentum)) - (results.target_log_prob - kinetic_energy(momentum))
+        log_ratio = tf.where(tf.math.is_finite(log_ratio), log_ratio, tf.constant(-float("inf"), dtype))
+        uniform = tf.random.stateless_uniform(tf.shape(results.target_log_prob), seed=accept_seed, dtype=dtype)
+        accept = tf.math.log(uniform) < log_ratio
+        return tf.where(accept[:, None], new_state, state), HMCKernelResults(
+            target_log_prob=tf.where(accept, new_log_prob, results.target_log_prob),
+            grads_target_log_prob=tf.where(accept[:, None], new_gradient, results.grads_target_log_prob),
+            step_size=results.step_size, is_accepted=accept)
+
+
+def kinetic_energy(momentum: tf.Tensor) -> tf.Tensor:
+    """|p|^2 / 2 per chain: momentum [B, D] -> [B]."""
+    return 0.5 * tf.reduce_sum(tf.square(momentum), axis=-1)
+
+
+def accept_rate(results: HMCKernelResults) -> tf.Tensor:
+    """The fraction of chains that accepted in the last iteration: a scalar."""
+    return tf.reduce_mean(tf.cast(results.is_accepted, results.step_size.dtype))
+
+
+class StepSizeAdaptationResults(NamedTuple):
+    """inner_results: the HMC kernel's results (their step size: the one the last iteration used);
+    new_step_size: the adapted scalar the next iteration will use."""
+
+    inner_results: HMCKernelResults
+    new_step_size: tf.Tensor
+
+
+class StepSizeAdaptation(tfp.mcmc.TransitionKernel):
+    """The reference's step-size rule around an HMC kernel, as ``tfp.mcmc.SimpleStepSizeAdaptation``
+    wraps one: after every iteration, with a the fraction of chains that accepted and t the target,
+
+        step_size <- step_size + adaptation_rate * ((a - t) / t) * step_size
+
+    (TFP's rule multiplies by 1 + rate or divides by it instead: other numbers). It adapts at every
+    iteration: a chain that must leave its target invariant runs the inner kernel alone, at the
+    step size this one ended with.
+    Raises: ValueError if target_accept_rate is not in (0, 1).
+    """
+
+    def __init__(self, inner_kernel: HamiltonianMonteCarlo, target_accept_rate: float = HMCConfig.target_accept_rate,
+                 adaptation_rate: float = HMCConfig.adaptation_rate):
+        if not 0.0 < target_accept_rate < 1.0:
+            raise ValueError(f"target_accept_rate={target_accept_rate!r} is invalid: must lie in (0, 1)")
+        self._parameters = dict(inner_kernel=inner_kernel, target_accept_rate=target_accept_rate,
+                                adaptation_rate=adaptation_rate)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self._parameters
+
+    @property
+    def inner_kernel(self) -> HamiltonianMonteCarlo:
+        return self._parameters["inner_kernel"]
+
+    @property
+    def target_accept_rate(self) -> float:
+        return self._parameters["target_accept_rate"]
+
+    @property
+    def adaptation_rate(self) -> float:
+        return self._parameters["adaptation_rate"]
+
+    @property
+    def is_calibrated(self) -> bool:
+        return False  # a step size that moves with the chain's history breaks detailed balance
+
+    def bootstrap_results(self, init_state: tf.Tensor) -> StepSizeAdaptationResults:
+        inner_results = self.inner_kernel.bootstrap_results(init_state)
+        return StepSizeAdaptationResults(inner_results, inner_results.step_size)
+
+    def one_step(self, current_state: tf.Tensor, previous_kernel_results: StepSizeAdaptationResults,
+                 seed: tf.Tensor) -> tuple[tf.Tensor, StepSizeAdaptationResults]:
+        """The inner kernel's step at the adapted step size, then the rule above."""
+        inner_results = previous_kernel_results.inner_results._replace(
+            step_size=previous_kernel_results.new_step_size)
+        state, inner_results = self.inner_kernel.one_step(current_state, inner_results, seed)
+        step_size, target = inner_results.step_size, self.target_accept_rate
+        new_step_size = step_size + self.adaptation_rate * ((accept_rate(inner_results) - target) / target) * step_size
+        return state, StepSizeAdaptationResults(inner_results, new_step_size)
+
+
+class ChainOutput(NamedTuple):
+    """final_state [B, D]; final_kernel_results: the kernel's results after the last iteration;
+    trace: ``trace_fn``'s values stacked over iterations (each [T, ...]), or None without one."""
+
+    final_state: tf.Tensor
+    final_kernel_results: Any
+    trace: Any
+
+
+def sample_chain(num_iterations: int, current_state: tf.Tensor, kernel: tfp.mcmc.TransitionKernel, *,
+                 seed: SeedLike, previous_kernel_results: Any = None,
+                 trace_fn: Callable[[tf.Tensor, Any], Any] | None = None) -> ChainOutput:
+    """Run ``num_iterations`` iterations of ``kernel`` from current_state, as ``tfp.mcmc.sample_chain``
+    does without burn-in or thinning.
+
+    Iteration i draws from the i-th of ``num_iterations`` seeds split from ``seed``; the kernel starts
+    from ``previous_kernel_results`` (by default ``kernel.bootstrap_results(current_state)``).
+    ``trace_fn(state, kernel_results)`` -> a nest of tensors, recorded after every iteration.
+    Raises: ValueError if num_iterations is not a positive integer.
+    """
+    check_positive_int("num_iterations", num_iterations)
+    if previous_kernel_results is None:
+        previous_kernel_results = kernel.bootstrap_results(current_state)
+    seeds = split_seed(seed, num_iterations)
+    # trace_fn's values at the start give the dtypes of the arrays that record it.
+    traces = () if trace_fn is None else tf.nest.map_structure(
+        lambda value: tf.TensorArray(value.dtype, size=num_iterations),
+        trace_fn(current_state, previous_kernel_results))
+
+    def body(i, state, results, traces):
+        state, results = kernel.one_step(state, results, seeds[i])
+        if trace_fn is not None:
+            traces = tf.nest.map_structure(lambda array, value: array.write(i, value), traces, trace_fn(state, results))
+        return i + 1, state, results, traces
+
+    _, state, results, traces = tf.while_loop(lambda i, *_: i < num_iterations, body,
+                                              (tf.constant(0), current_state, previous_kernel_results, traces))
+    trace = None if trace_fn is None else tf.nest.map_structure(lambda array: array.stack(), traces)
+    return ChainOutput(state, results, trace)
+
+
+def mean_over_iterations(values: tf.Tensor) -> tf.Tensor:
+    """values [T, ...] (T known when tracing) -> their mean over T, summed one iteration after another.
+
+    A running sum, as a chain accumulates it: ``reduce_mean`` adds in another order, which moves
+    the last bit of the reported acceptance rates.
+    """
+    return tf.foldl(tf.add, values, initializer=tf.zeros_like(values[0])) / values.shape[0]
+
+
 def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, step_size: float | tf.Tensor, *,
               num_iterations: int, num_leapfrog_steps: int, seed: SeedLike, adapt_step_size: bool = True,
               target_accept_rate: float = HMCConfig.target_accept_rate,
               adaptation_rate: float = HMCConfig.adaptation_rate,
               return_trace: bool = False) -> HMCResult:
-    """Run ``num_iterations`` HMC iterations of a batch of independent chains.
+    """Run ``num_iterations`` HMC iterations of a batch of independent chains: ``sample_chain`` of
+    ``HamiltonianMonteCarlo``, wrapped in ``StepSizeAdaptation`` when ``adapt_step_size``.
 
     Args:
       target_log_prob_fn: maps states [B, D] to log densities [B] (up to a constant).
@@ -147,57 +352,38 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
       seed: a stateless seed; the same seed gives the same chain.
       adapt_step_size: adapt the step size after every iteration (see the module docstring).
       return_trace: also return the per-iteration history.
+    Raises: ValueError if num_iterations or num_leapfrog_steps is not a positive integer, if
+      target_accept_rate (when adapting) is not in (0, 1), or if initial_state is not [B, D].
 
     Works eagerly, inside ``tf.function`` and under XLA (``jit_compile=True``).
     """
-    for name, value in (("num_iterations", num_iterations), ("num_leapfrog_steps", num_leapfrog_steps)):
-        check_positive_int(name, value)
-    if not 0.0 < target_accept_rate < 1.0:
-        raise ValueError(f"target_accept_rate={target_accept_rate!r} is invalid: must lie in (0, 1)")
+    check_positive_int("num_iterations", num_iterations)
+    kernel = HamiltonianMonteCarlo(target_log_prob_fn, step_size, num_leapfrog_steps)
+    if adapt_step_size:
+        kernel = StepSizeAdaptation(kernel, target_accept_rate, adaptation_rate)
+
+    def hmc_results(results):  # the HMC kernel's own, inside the adaptation's when adapting
+        return results.inner_results if adapt_step_size else results
+
+    def trace_fn(state, results):  # the acceptance rates always: their mean is reported
+        results = hmc_results(results)
+        rate = accept_rate(results)
+        return rate, (HMCTrace(state, results.target_log_prob, rate, results.step_size) if return_trace else ())
 
     state = tf.stop_gradient(tf.convert_to_tensor(initial_state))
-    if state.shape.rank != 2:
-        raise ValueError(f"initial_state has shape {state.shape}: expected [chains, dims]")
-    dtype = state.dtype
-    step_size = tf.stop_gradient(tf.cast(step_size, dtype))
-    iteration_seeds = tf.random.experimental.stateless_split(as_seed(seed), num=num_iterations)
-    initial_log_prob, initial_gradient = value_and_gradient(target_log_prob_fn, state)
-
-    def kinetic(p):
-        return 0.5 * tf.reduce_sum(tf.square(p), axis=-1)
-
-    def body(i, state, log_prob, gradient, step_size, accept_sum, traces):
-        momentum_seed, accept_seed = tf.unstack(tf.random.experimental.stateless_split(iteration_seeds[i], 2))
-        momentum = tf.random.stateless_normal(tf.shape(state), seed=momentum_seed, dtype=dtype)
-        new_state, new_momentum, new_log_prob, new_gradient = leapfrog(
-            target_log_prob_fn, state, momentum, gradient, step_size, num_leapfrog_steps)
-        # log of the Metropolis ratio exp(H_current - H_proposed); a diverged trajectory is rejected.
-        log_ratio = (new_log_prob - kinetic(new_momentum)) - (log_prob - kinetic(momentum))
-        log_ratio = tf.where(tf.math.is_finite(log_ratio), log_ratio, tf.constant(-float("inf"), dtype))
-        uniform = tf.random.stateless_uniform(tf.shape(log_prob), seed=accept_seed, dtype=dtype)
-        accept = tf.math.log(uniform) < log_ratio
-        state = tf.where(accept[:, None], new_state, state)
-        log_prob = tf.where(accept, new_log_prob, log_prob)
-        gradient = tf.where(accept[:, None], new_gradient, gradient)
-        accept_rate = tf.reduce_mean(tf.cast(accept, dtype))
-        if return_trace:
-            traces = (traces[0].write(i, state), traces[1].write(i, log_prob),
-                      traces[2].write(i, accept_rate), traces[3].write(i, step_size))
-        if adapt_step_size:
-            step_size = step_size + adaptation_rate * ((accept_rate - target_accept_rate) / target_accept_rate) * step_size
-        return i + 1, state, log_prob, gradient, step_size, accept_sum + accept_rate, traces
-
-    traces = tuple(tf.TensorArray(dtype, size=num_iterations) for _ in range(4)) if return_trace else ()
-    _, state, log_prob, _, step_size, accept_sum, traces = tf.while_loop(
-        lambda i, *_: i < num_iterations, body,
-        (tf.constant(0), state, initial_log_prob, initial_gradient, step_size, tf.constant(0.0, dtype), traces))
-    trace = HMCTrace(*(t.stack() for t in traces)) if return_trace else None
-    return HMCResult(final_state=state, final_log_prob=log_prob, step_size=step_size,
-                     accept_rate=accept_sum / num_iterations, trace=trace, initial_log_prob=initial_log_prob,
-                     initial_gradient=initial_gradient)
+    initial_results = kernel.bootstrap_results(state)
+    run = sample_chain(num_iterations, state, kernel, seed=seed, previous_kernel_results=initial_results,
+                       trace_fn=trace_fn)
+    accept_rates, trace = run.trace
+    final, initial = hmc_results(run.final_kernel_results), hmc_results(initial_results)
+    return HMCResult(
+        final_state=run.final_state, final_log_prob=final.target_log_prob,
+        step_size=run.final_kernel_results.new_step_size if adapt_step_size else final.step_size,
+        accept_rate=mean_over_iterations(accept_rates), trace=trace if return_trace else None,
+        initial_log_prob=initial.target_log_prob, initial_gradient=initial.grads_target_log_prob)
 
 
-class PosteriorRun(NamedTuple):
+class PosteriorTrace(NamedTuple):
     """One chain per image on a VAE's p(z | x), as numpy arrays: z0 [B, D], where it started;
     log_probs [T + 1, B], log p(x, z) at z0 and after each iteration; accept_rates, step_sizes
     [T]; before, after [B, 784], the decoder's pixel means at z0 and at zT; final_step_size, the
@@ -213,18 +399,22 @@ class PosteriorRun(NamedTuple):
     accept_rate: float
 
 
-def run_on_posterior(model: VAE, x: tf.Tensor, *, num_iterations: int, num_leapfrog_steps: int,
-                     step_size: float, seed: SeedLike = 0, z0: tf.Tensor | None = None) -> PosteriorRun:
+def trace_posterior(model: VAE, x: tf.Tensor, *, num_iterations: int, num_leapfrog_steps: int,
+                     step_size: float, seed: SeedLike = 0, z0: tf.Tensor | None = None) -> PosteriorTrace:
     """HMC, adapting its step size, on p(z | x) for the images x [B, 784], from z0 [B, D] (by
-    default one draw from the encoder's q(z | x)). The chain is compiled once per (model,
-    iterations, leapfrog steps), so rerunning it (an explorer's slider moved back) is fast."""
+    default one draw from the encoder's q(z | x)), as one compiled graph."""
     start_seed, chain_seed = tf.unstack(split_seed(seed, 2))
     if z0 is None:
         loc, scale = model.encoder(x)
         z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=start_seed)
-    result = _compiled_posterior_chain(model, num_iterations, num_leapfrog_steps)(
-        x, z0, tf.constant(step_size, tf.float32), chain_seed)
-    return PosteriorRun(
+
+    @tf.function
+    def chain(x, z0, step_size, seed):
+        return hmc_chain(lambda z: model.log_joint(x, z), z0, step_size, num_iterations=num_iterations,
+                         num_leapfrog_steps=num_leapfrog_steps, seed=seed, return_trace=True)
+
+    result = chain(x, z0, tf.constant(step_size, tf.float32), chain_seed)
+    return PosteriorTrace(
         z0=np.asarray(z0),
         log_probs=np.concatenate([model.log_joint(x, z0).numpy()[None], result.trace.log_probs.numpy()]),
         accept_rates=result.trace.accept_rates.numpy(),
@@ -233,17 +423,3 @@ def run_on_posterior(model: VAE, x: tf.Tensor, *, num_iterations: int, num_leapf
         after=tf.sigmoid(model.decoder(result.final_state)).numpy(),
         final_step_size=float(result.step_size),
         accept_rate=float(result.accept_rate))
-
-
-_posterior_chains: dict[tuple[int, int, int], Callable] = {}
-
-
-def _compiled_posterior_chain(model: VAE, num_iterations: int, num_leapfrog_steps: int) -> Callable:
-    key = (id(model), num_iterations, num_leapfrog_steps)
-    if key not in _posterior_chains:
-        @tf.function
-        def chain(x, z0, step_size, seed):
-            return hmc_chain(lambda z: model.log_joint(x, z), z0, step_size, num_iterations=num_iterations,
-                             num_leapfrog_steps=num_leapfrog_steps, seed=seed, return_trace=True)
-        _posterior_chains[key] = chain
-    return _posterior_chains[key]

@@ -43,8 +43,8 @@ def plot_training_curve(history: dict[str, np.ndarray], *, key: str = "loss", ax
     return ax
 
 
-def plot_hmc_run(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_sizes: np.ndarray,
-                 before: np.ndarray, after: np.ndarray, *, title: str = "") -> plt.Figure:
+def plot_hmc_trace(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_sizes: np.ndarray,
+                   before: np.ndarray, after: np.ndarray, *, title: str = "") -> plt.Figure:
     """Four panels (two by two, readable at a book's width) for an HMC run on p(z | x) of several
     digits: each chain's climb in log p(x, z) from its start (the climb, a few nats, would vanish
     beside the tens of nats that separate digits), acceptance and step size, and decoded digits.

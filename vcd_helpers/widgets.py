@@ -23,9 +23,9 @@ from IPython.display import HTML
 
 from vcd_helpers.bench import decoder_layer_gflops, row_from_timing, step_call
 from vcd_helpers.config import Config
-from vcd_helpers.hmc import run_on_posterior
+from vcd_helpers.hmc import trace_posterior
 from vcd_helpers.model import VAE
-from vcd_helpers.plots import plot_hmc_run
+from vcd_helpers.plots import plot_hmc_trace
 from vcd_helpers.timing import time_calls
 
 # Labels at their natural width: the default box cut "leapfrog steps" to "leapfrog s...".
@@ -35,7 +35,7 @@ LABEL_STYLE = {"description_width": "initial"}
 def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int = 8,
                  num_leapfrog_steps: int = 5, step_size: float = 0.05) -> widgets.Widget:
     """Sliders for HMC iterations, leapfrog steps and initial step size; each change reruns the
-    chain on p(z | x) and redraws ``plot_hmc_run``."""
+    chain on p(z | x) and redraws ``plot_hmc_trace``."""
     iterations = widgets.IntSlider(value=num_iterations, min=1, max=100, description="iterations",
                                    continuous_update=False, style=LABEL_STYLE)
     leapfrog_steps = widgets.IntSlider(value=num_leapfrog_steps, min=1, max=30, description="leapfrog steps",
@@ -47,7 +47,7 @@ def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int
     def redraw(_=None):
         with output:
             output.clear_output(wait=True)
-            posterior_run_figure(model, x, z0, num_iterations=iterations.value,
+            posterior_trace_figure(model, x, z0, num_iterations=iterations.value,
                                  num_leapfrog_steps=leapfrog_steps.value, step_size=step.value)
             plt.show()
 
@@ -57,14 +57,14 @@ def hmc_explorer(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int
     return widgets.VBox([widgets.HBox([iterations, leapfrog_steps, step]), output])
 
 
-def posterior_run_figure(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int,
+def posterior_trace_figure(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_iterations: int,
                          num_leapfrog_steps: int, step_size: float) -> plt.Figure:
-    """One setting of the HMC explorer: the chain on p(z | x) from z0 (``run_on_posterior``), drawn
-    by ``plot_hmc_run``; the live explorer shows it, the static one precomputes it per setting."""
-    run = run_on_posterior(model, x, z0=z0, num_iterations=num_iterations, num_leapfrog_steps=num_leapfrog_steps,
-                           step_size=step_size)
-    return plot_hmc_run(run.log_probs, run.accept_rates, run.step_sizes, run.before, run.after,
-                        title=f"mean acceptance {run.accept_rate:.2f}, final step size {run.final_step_size:.4f}")
+    """One setting of the HMC explorer: the chain on p(z | x) from z0 (``trace_posterior``), drawn
+    by ``plot_hmc_trace``; the live explorer shows it, the static one precomputes it per setting."""
+    trace = trace_posterior(model, x, z0=z0, num_iterations=num_iterations, num_leapfrog_steps=num_leapfrog_steps,
+                            step_size=step_size)
+    return plot_hmc_trace(trace.log_probs, trace.accept_rates, trace.step_sizes, trace.before, trace.after,
+                          title=f"mean acceptance {trace.accept_rate:.2f}, final step size {trace.final_step_size:.4f}")
 
 
 def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (16, 32, 64, 100, 128, 256, 512, 1024),
