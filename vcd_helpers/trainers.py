@@ -1,4 +1,5 @@
-"""The one way to build a trainer: ``build_trainer(config, execution=..., jit_compile=...)``.
+"""The one way to build a trainer: ``build_trainer(config, execution=..., jit_compile=...)``;
+``restore_trainer(directory)`` builds one at a finished run's final state.
 
 The execution says how a step runs; the trainer's state (weights, optimiser slots, control
 variate, HMC step size, step counter) is the same in all three, so their checkpoints are
