@@ -100,26 +100,39 @@ def checkpoint_steps(checkpoint_dir: Path, pattern: str = "ckpt-*.index") -> set
     return {int(name) for name in names if name.isdigit()}
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, what_to_do: str = "restore it from a copy of the run, or delete it if the run can do "
+                                            "without it") -> str:
     """The file as UTF-8 text. Raises FileNotFoundError when it is missing, RunDirectoryError
-    naming it when it cannot be read or decoded."""
+    naming it (and ``what_to_do``) when it cannot be read or decoded."""
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise
     except UnicodeDecodeError as error:
-        raise RunDirectoryError(f"{path} is damaged: not UTF-8 text (byte {error.start}); restore it from a copy "
-                                "of the run, or delete it if the run can do without it") from None
+        raise RunDirectoryError(f"{path} is damaged: not UTF-8 text (byte {error.start}); {what_to_do}") from None
     except OSError as error:
         raise RunDirectoryError(f"{path} cannot be read ({error.strerror or error})") from None
 
 
+#: What a training writes beside config.json: a directory holding any of them holds a run.
+RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, LAUNCHES_FILE, CURVE_FILE, MODEL_DIR, RESULTS_FILE, PARTIAL_DIR)
+
+
 def read_config(directory: str | os.PathLike) -> Config | None:
-    """config.json: which run the directory holds (None when it holds none yet)."""
+    """config.json: which run the directory holds (None when it holds none yet). Raises
+    RunDirectoryError naming it when it is damaged, or missing beside a run's other files."""
     path = Path(directory) / CONFIG_FILE
     try:
-        return Config.from_dict(json.loads(read_text(path)))
+        return Config.from_dict(json.loads(read_text(path, "it records which run this directory holds: restore "
+                                                           "it (e.g. from a copy of the run), or train into a new "
+                                                           "--results directory")))
     except FileNotFoundError:
+        found = [name for name in RUN_FILES if (Path(directory) / name).exists()]
+        if found:
+            raise RunDirectoryError(
+                f"{path} is missing, though {directory} holds a run ({', '.join(found)}): it records which run "
+                "this is. Restore it (e.g. from a copy of the run; launches.jsonl holds the command that trained "
+                "it), or train into a new --results directory") from None
         return None
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         raise RunDirectoryError(
@@ -131,7 +144,8 @@ def require_config(directory: str | os.PathLike) -> Config:
     """``read_config``, for a directory that must hold a run. Raises RunDirectoryError otherwise."""
     config = read_config(directory)
     if config is None:
-        raise RunDirectoryError(f"{directory} holds no {CONFIG_FILE}: not a results directory")
+        raise RunDirectoryError(f"{directory} holds no {CONFIG_FILE}: not a results directory; give the "
+                                "directory a training command wrote (its --results)")
     return config
 
 
@@ -144,6 +158,9 @@ def read_final_weights(directory: str | os.PathLike, objects: dict[str, tf.Modul
     cannot be read."""
     prefix = Path(directory) / MODEL_DIR / MODEL_PREFIX
     if not prefix.with_suffix(".index").exists():
+        if list(prefix.parent.glob(f"{MODEL_PREFIX}.data-*")):
+            raise DamagedWeights(f"the final weights in {prefix.parent} are damaged (their data has no "
+                                 f"{prefix.name}.index)")
         raise FileNotFoundError(f"{prefix.parent} holds no final weights: the run has not finished")
     try:
         tf.train.Checkpoint(**objects).read(str(prefix)).assert_existing_objects_matched().expect_partial()
@@ -327,14 +344,16 @@ def read_array(path: Path) -> np.ndarray:
 
 def read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
     """The batches an interrupted evaluation saved in ``partial/``, and the seconds they took. A
-    damaged batch is skipped: it is computed again (the same numbers: batch k's draws depend on
-    the seed and k alone)."""
+    damaged batch is skipped with a warning naming it: it is computed again (the same numbers:
+    batch k's draws depend on the seed and k alone)."""
     done, seconds = {}, 0.0
     for file in sorted(partial.glob("batch-*.npz")):
         try:
             with np.load(file) as saved:
                 estimates, took = np.asarray(saved["estimates"]), float(saved["seconds"])
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            problem = (str(error).splitlines() or [""])[0][:80]
+            warn(None, f"{file} is damaged ({type(error).__name__}: {problem}); computing that batch again")
             continue
         done[int(file.stem.removeprefix("batch-"))], seconds = estimates, seconds + took
     return done, seconds

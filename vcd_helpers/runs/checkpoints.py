@@ -39,9 +39,12 @@ def repair_checkpoint_index(run: RunDirectory, warnings: list[str]) -> None:
     if not index.exists():
         return
     try:
-        tf.train.get_checkpoint_state(str(run.checkpoint_dir))
-        return
-    except Exception as error:  # text_format.ParseError, UnicodeDecodeError: whatever the damage
+        # None: TensorFlow could not parse it (it says so only in its log, and the manager would
+        # then lose track of the checkpoints listed there).
+        if tf.train.get_checkpoint_state(str(run.checkpoint_dir)) is not None:
+            return
+        problem = "not a checkpoint index"
+    except Exception as error:  # UnicodeDecodeError, ValueError: whatever the damage
         problem = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     files = checkpoint_files(run)
     if files:
