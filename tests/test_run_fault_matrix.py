@@ -196,6 +196,8 @@ _say("resume", "checkpoints/ckpt-40.index", "ckpt-40 in ", ["deleted"])  # "data
 for _file, _damages in (("checkpoints/ckpt-40.index", ["garbage bytes"]),
                         ("checkpoints/ckpt-40.data-00000-of-00001", ["deleted", "truncated", "bytes flipped"])):
     _say("resume", _file, "could not be restored; resuming from ckpt-20", _damages)
+_say("evaluate", "checkpoints/ckpt-40.data-00000-of-00001", "could not be restored; reading ckpt-20",
+     ["deleted", "truncated"])
 for _entry in ("resume", "evaluate"):
     _say(_entry, "partial/batch-00000.npz", "batch-00000.npz is damaged", READ_DAMAGES)
 _say("rerun", "results.json", "results.json is damaged; evaluating the finished run again", READ_DAMAGES)

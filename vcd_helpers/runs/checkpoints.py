@@ -74,12 +74,13 @@ def restore_newest(checkpoint: tf.train.Checkpoint, run: RunDirectory, warnings:
         except (tf.errors.OpError, ValueError, IndexError, AssertionError) as error:
             failures.append(f"{Path(candidates[step]).name} ({type(error).__name__}: {str(error).splitlines()[0]})")
             continue
+        using = f"{'reading' if partial else 'resuming from'} {Path(candidates[step]).name}"
         for failure in failures:
-            warn(warnings, f"checkpoint {failure} could not be restored; resuming from {Path(candidates[step]).name}")
+            warn(warnings, f"checkpoint {failure} could not be restored; {using}")
         newer = sorted(n for n in checkpoint_steps(run.checkpoint_dir, "ckpt-*.data-*") - set(candidates) if n > step)
         if newer:
             warn(warnings, f"{', '.join(f'ckpt-{n}' for n in newer)} in {run.checkpoint_dir}: data without an .index "
-                           f"file, which cannot be restored; resuming from {Path(candidates[step]).name}")
+                           f"file, which cannot be restored; {using}")
         return candidates[step]
     raise RunDirectoryError(f"no checkpoint in {run.checkpoint_dir} could be restored: {'; '.join(failures)}. "
                             "Move the directory aside and train into a new --results directory")
