@@ -119,11 +119,12 @@ def test_agrees_in_distribution_with_tfp():
     ({"target_accept_rate": 1.5}, "target_accept_rate=1.5 is invalid"),
     ({"target_accept_rate": 0.0}, "target_accept_rate=0.0 is invalid"),
     ({"target_accept_rate": -0.5}, "target_accept_rate=-0.5 is invalid"),
+    ({"initial_state": tf.zeros([3])}, r"initial_state has shape \(3,\): expected \[chains, dims\]"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
-    args = dict(num_iterations=2, num_leapfrog_steps=2, seed=0) | kwargs
+    args = dict(num_iterations=2, num_leapfrog_steps=2, seed=0, initial_state=dispersed_starts()[:2]) | kwargs
     with pytest.raises(ValueError, match=message):
-        hmc_chain(TARGET.log_prob, dispersed_starts()[:2], 0.1, **args)
+        hmc_chain(TARGET.log_prob, step_size=0.1, **args)
 
 
 def test_a_chain_on_a_vae_posterior_starts_from_the_encoder_and_climbs():
@@ -137,6 +138,15 @@ def test_a_chain_on_a_vae_posterior_starts_from_the_encoder_and_climbs():
     again = trace_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4,
                              z0=tf.constant(run.z0))
     np.testing.assert_array_equal(again.log_probs, run.log_probs)  # the same start and seed: the same chain
+
+
+def test_the_chain_on_a_posterior_runs_as_one_compiled_graph():
+    model, calls = VAE(seed=0), []
+    log_joint = model.log_joint
+    model.log_joint = lambda x, z: (calls.append(1), log_joint(x, z))[1]
+    x = tf.constant(load_binarized_mnist("test")[:2], tf.float32)
+    trace_posterior(model, x, num_iterations=12, num_leapfrog_steps=3, step_size=0.01, seed=4)
+    assert len(calls) < 10, len(calls)  # traced a few times; 37 evaluations if run op by op
 
 
 @pytest.mark.parametrize("size, blocks, expected", [(100, 2, [50, 50]), (100, 3, [34, 33, 33]), (3, 5, [1, 1, 1]),
@@ -227,7 +237,7 @@ def test_the_chain_evaluates_the_target_at_its_initial_state():
     assert float(tf.reduce_max(tf.abs(result.final_state - start))) > 0.1  # ... and not at the end
 
 
-@pytest.mark.parametrize("num_shards, blocks", [(1, [10]), (3, [4, 3, 3])])
+@pytest.mark.parametrize("num_shards, blocks", [(1, [10]), (2, [5, 5]), (3, [4, 3, 3])])
 def test_a_sharded_target_evaluates_one_block_of_rows_per_shard(num_shards, blocks):
     seen = []
 
@@ -240,3 +250,19 @@ def test_a_sharded_target_evaluates_one_block_of_rows_per_shard(num_shards, bloc
     z = tf.ones([10, 3])
     np.testing.assert_array_equal(target(z), 3.0 + data[:, 0])
     assert seen == blocks
+
+
+def test_a_sharded_target_of_a_batch_unknown_when_tracing_is_the_plain_target():
+    calls = []
+
+    def log_prob_fn(data, z):
+        calls.append(data.shape[0])
+        return tf.reduce_sum(z, axis=-1) + data[:, 0]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2]), tf.TensorSpec([None, 3])])
+    def evaluate(data, z):
+        return sharded_target(log_prob_fn, data, 2)(z)
+
+    data = tf.reshape(tf.range(20.0), [10, 2])
+    np.testing.assert_array_equal(evaluate(data, tf.ones([10, 3])), 3.0 + data[:, 0])
+    assert calls == [None]  # one evaluation of the whole (unknown) batch
