@@ -72,6 +72,15 @@ def test_seeds_are_stateless_and_split():
     np.testing.assert_array_equal(seeds.fold_in(step_seed, 4), tf.random.experimental.stateless_fold_in(step_seed, 4))
     with pytest.raises(ValueError, match=r"seed has shape \(3,\)"):
         seeds.as_seed(tf.constant([1, 2, 3]))
+    # split_seed splits an int64 step seed as the raw op does (every trainer's draws depend on it);
+    # as_seed casts to int32 first, as the HMC kernel does, which changes the children.
+    children = seeds.split_seed(step_seed, 2)
+    assert children.dtype == tf.int64
+    np.testing.assert_array_equal(children, tf.random.experimental.stateless_split(step_seed, 2))
+    assert not np.array_equal(seeds.split_seed(seeds.as_seed(step_seed), 2), children)
+    np.testing.assert_array_equal(seeds.split_seed(5, 3), tf.random.experimental.stateless_split([0, 5], 3))
+    with pytest.raises(ValueError, match=r"seed has shape \(1, 2\)"):
+        seeds.split_seed(tf.constant([[1, 2]]))
 
 
 def test_code_version_counts_only_edits_to_the_code(tmp_path):

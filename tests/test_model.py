@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.model import VAE, count_parameters, matmul, matmul_precision
+from vcd_helpers.model import VAE, count_parameters, matmul
 from vcd_helpers.objectives import elbo
 
 tfd = tfp.distributions
@@ -101,8 +101,7 @@ def test_bfloat16_multiplies_round_operands_and_product_but_sum_in_float32(jit_c
 
     @tf.function(jit_compile=jit_compile)
     def product(a, b):
-        with matmul_precision("bfloat16"):
-            return matmul(a, b)
+        return matmul(a, b, "bfloat16")
 
     out = product(a, b).numpy()
     # The exact product of the rounded operands, summed in float64, then rounded once to bfloat16:
@@ -112,22 +111,23 @@ def test_bfloat16_multiplies_round_operands_and_product_but_sum_in_float32(jit_c
     assert out.dtype == np.float32
     assert np.all(np.abs(out - exact) <= ulp + 1e-6)
     assert np.max(np.abs(out - exact) / (np.abs(exact) + 1e-3)) > 1e-4  # the product was rounded: not float32
-    np.testing.assert_allclose(matmul(a, b), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)  # outside: float32
+    np.testing.assert_allclose(matmul(a, b), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)  # by default: float32
 
 
-def test_matmul_precision_applies_inside_its_block_only_and_names_bad_values():
+def test_the_precision_reaches_every_network_and_bad_values_are_named():
     model = VAE(seed=0)
     x = tf.cast(tf.random.stateless_uniform([4, 784], seed=[1, 1]) < 0.2, tf.float32)
     z = tf.random.stateless_normal([4, 10], seed=[2, 2])
     full = model.log_joint(x, z)
-    with matmul_precision("bfloat16"):
-        with tf.GradientTape() as tape:
-            tape.watch(z)
-            reduced = model.log_joint(x, z)
-        grad = tape.gradient(reduced, z)
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        reduced = model.log_joint(x, z, "bfloat16")
+    grad = tape.gradient(reduced, z)
     assert reduced.dtype == grad.dtype == tf.float32 and np.all(np.isfinite(grad))
     assert 0 < np.max(np.abs(reduced - full)) < 0.02 * np.max(np.abs(full))
-    np.testing.assert_array_equal(model.log_joint(x, z), full)
+    np.testing.assert_array_equal(model.log_joint(x, z, "float32"), full)
+    # Both of the encoder's networks multiply in the precision they are given.
+    for full_part, reduced_part in zip(model.encoder(x), model.encoder(x, "bfloat16")):
+        assert 0 < np.max(np.abs(reduced_part - full_part)) < 0.05 * np.max(np.abs(full_part)) + 0.05
     with pytest.raises(ValueError, match="precision='float16' is invalid: must be one of float32, bfloat16"):
-        with matmul_precision("float16"):
-            pass
+        model.log_joint(x, z, "float16")

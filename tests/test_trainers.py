@@ -117,6 +117,23 @@ def test_the_step_chain_starts_at_the_encoder_sample_z0():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_bfloat16_step_multiplies_in_bfloat16_and_the_model_stays_float32():
+    # config.precision reaches the chain and the losses of the traced step; the model's own calls
+    # (evaluation's) stay float32.
+    trainer = build_trainer(load_config("tiny", model={"hidden_units": 16, "latent_dim": 3}, precision="bfloat16"),
+                            jit_compile=False)
+    model, x, seed = trainer.model, _batch(), tf.constant([7, 11])
+    _, (start, chain) = _eager_estimate(trainer, x, tf.zeros([8]), seed)
+    reduced, full = model.log_joint(x, start, "bfloat16"), model.log_joint(x, start)
+    assert np.max(np.abs(reduced - full)) > 1e-3
+    np.testing.assert_allclose(chain.initial_log_prob, reduced, rtol=1e-6)
+    vae = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16}, precision="bfloat16"),
+                        jit_compile=False)
+    before = {p: -float(tf.reduce_mean(elbo(vae.model, x, fold_in(vae.seed, vae.step), p))) for p in ("float32", "bfloat16")}
+    assert abs(before["bfloat16"] - before["float32"]) > 1e-2, before
+    np.testing.assert_allclose(float(vae._train_step(INDEX, x)["loss"]), before["bfloat16"], rtol=1e-6)
+
+
 def test_the_encoder_gradient_is_the_estimators_closed_form():
     """The VCD encoder gradient, at the encoder's outputs mu, sigma (z0 = mu + sigma eps, zT the chain's
     end, g = log p(x, zT) + 1/2 sum ((zT - mu) / sigma)^2, b the baseline), is per example

@@ -318,7 +318,7 @@ def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: in
     z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=[seed, 1])
     hmc = config.hmc
     count = 1 + hmc.num_iterations * hmc.num_leapfrog_steps
-    target = sharded_target(trainer.model.log_joint, x, chain_shards)
+    target = sharded_target(functools.partial(trainer.model.log_joint, precision=config.precision), x, chain_shards)
     sizes = block_sizes(config.batch_size, chain_shards)
     weights = [tf.convert_to_tensor(w) for w in trainer.model.decoder.net.weights]
 

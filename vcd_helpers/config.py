@@ -41,7 +41,7 @@ PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
 EVAL_SPLITS = ("valid", "test")
 #: How a VCD step is spread over devices: one device, mirrored replicas, or one process per worker.
 STRATEGIES = ("none", "mirrored", "multi_worker")
-#: What the networks' matrix multiplies take as operands in a training step (``model.matmul_precision``):
+#: What the networks' matrix multiplies take as operands in a training step (``model.matmul``):
 #: float32, or bfloat16 operands whose products are summed in float32. Everything else stays float32.
 PRECISIONS = ("float32", "bfloat16")
 

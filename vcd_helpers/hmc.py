@@ -40,7 +40,7 @@ import tensorflow_probability as tfp
 
 from vcd_helpers.config import HMCConfig, check_positive_int
 from vcd_helpers.model import VAE
-from vcd_helpers.seeds import SeedLike, split_seed
+from vcd_helpers.seeds import SeedLike, as_seed, split_seed
 
 TargetLogProbFn = Callable[[tf.Tensor], tf.Tensor]
 #: log density of states z [B, D] given data rows [B, ...] -> [B], row b depending on row b only.
@@ -309,7 +309,8 @@ def sample_chain(num_iterations: int, current_state: tf.Tensor, kernel: tfp.mcmc
     check_positive_int("num_iterations", num_iterations)
     if previous_kernel_results is None:
         previous_kernel_results = kernel.bootstrap_results(current_state)
-    seeds = split_seed(seed, num_iterations)
+    # int32 seeds for the kernel, as TFP's drivers make them (``samplers.sanitize_seed``).
+    seeds = split_seed(as_seed(seed), num_iterations)
     # trace_fn's values at the start give the dtypes of the arrays that record it.
     traces = () if trace_fn is None else tf.nest.map_structure(
         lambda value: tf.TensorArray(value.dtype, size=num_iterations),

@@ -6,49 +6,28 @@ Shapes: x [batch, 784] in {0, 1}; z [..., batch, latent] (leading sample dimensi
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, PRECISIONS, ModelConfig
 from vcd_helpers.seeds import SeedLike, split_seed
 
-# Read when a function is traced, like Keras's mixed-precision policy: the training steps set it
-# around the code they trace; evaluation never does, so the model is always measured in float32.
-_MATMUL_DTYPE: contextvars.ContextVar[tf.DType] = contextvars.ContextVar("matmul_dtype", default=tf.float32)
 
-
-@contextlib.contextmanager
-def matmul_precision(precision: str) -> Iterator[None]:
-    """Within the block, the networks' matrix multiplies (``matmul``) use ``precision``.
+def matmul(a: tf.Tensor, b: tf.Tensor, precision: str = "float32") -> tf.Tensor:
+    """a [m, k] @ b [k, n] -> float32 [m, n], with operands in ``precision``.
 
     'bfloat16': both operands are rounded to bfloat16 and multiplied by the backend's bfloat16
     kernel, which sums the products in float32; the product is rounded to bfloat16 and widened
-    back to float32. The multiplies of the gradients through these layers run the same way (the
-    tape differentiates the casts). Biases, activations, likelihoods, HMC's state, the weights and
-    the optimiser stay float32. It acts on what is traced inside the block, in this thread.
-
-    Raises ValueError for a precision outside ``config.PRECISIONS``.
+    back to float32. The multiplies of the gradients run the same way (the tape differentiates the
+    casts). Raises ValueError for a precision outside ``config.PRECISIONS``.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is invalid: must be one of {', '.join(PRECISIONS)}")
-    token = _MATMUL_DTYPE.set(tf.as_dtype(precision))
-    try:
-        yield
-    finally:
-        _MATMUL_DTYPE.reset(token)
-
-
-def matmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-    """a [m, k] @ b [k, n] -> float32 [m, n], in the precision ``matmul_precision`` set (float32 by default)."""
-    dtype = _MATMUL_DTYPE.get()
-    if dtype == a.dtype:
+    if precision == a.dtype.name:
         return tf.linalg.matmul(a, b)
-    return tf.cast(tf.linalg.matmul(tf.cast(a, dtype), tf.cast(b, dtype)), a.dtype)
-
+    return tf.cast(tf.linalg.matmul(tf.cast(a, precision), tf.cast(b, precision)), a.dtype)
 
 
 class MLP(tf.Module):
@@ -70,14 +49,14 @@ class MLP(tf.Module):
             self.biases.append(tf.Variable(
                 std * tf.random.stateless_normal([fan_out], seed=layer_seeds[2 * k + 1]), name=f"b{k}"))
 
-    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
-        """inputs [..., sizes[0]] -> outputs [..., sizes[-1]]."""
+    def __call__(self, inputs: tf.Tensor, precision: str = "float32") -> tf.Tensor:
+        """inputs [..., sizes[0]] -> outputs [..., sizes[-1]]; the multiplies in ``precision`` (``matmul``)."""
         # Leading sample dimensions are folded into one batch so every layer is a single 2-D matmul.
         leading = tf.shape(inputs)[:-1]
         h = tf.reshape(inputs, [-1, inputs.shape[-1]])
         last = len(self.weights) - 1
         for k, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = matmul(h, w) + b
+            h = matmul(h, w, precision) + b
             if k < last:
                 h = tf.nn.relu(h)
         return tf.reshape(h, tf.concat([leading, tf.shape(h)[-1:]], axis=0))
@@ -98,10 +77,10 @@ class Encoder(tf.Module):
         self.scale_net = MLP(sizes, scale_seed, name="scale_net")
         self.min_scale = config.min_scale
 
-    def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def __call__(self, x: tf.Tensor, precision: str = "float32") -> tuple[tf.Tensor, tf.Tensor]:
         """x [batch, 784] -> (loc, scale), each [batch, latent]."""
-        loc = self.mean_net(x)
-        scale = self.min_scale + tf.nn.softplus(self.scale_net(x) - self.min_scale)
+        loc = self.mean_net(x, precision)
+        scale = self.min_scale + tf.nn.softplus(self.scale_net(x, precision) - self.min_scale)
         return loc, scale
 
 
@@ -112,9 +91,9 @@ class Decoder(tf.Module):
         super().__init__(name="decoder")
         self.net = MLP([config.latent_dim, config.hidden_units, config.hidden_units, NUM_PIXELS], seed, name="net")
 
-    def __call__(self, z: tf.Tensor) -> tf.Tensor:
+    def __call__(self, z: tf.Tensor, precision: str = "float32") -> tf.Tensor:
         """z [..., latent] -> Bernoulli logits [..., 784]."""
-        return self.net(z)
+        return self.net(z, precision)
 
 
 def bernoulli_log_likelihood(x: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -134,7 +113,11 @@ def standard_normal_log_prob(z: tf.Tensor) -> tf.Tensor:
 
 class VAE(tf.Module):
     """Encoder, decoder and prior N(0, I). Parameters come in three groups, each with its own
-    learning rate: ``encoder_mean``, ``encoder_scale`` and ``decoder``."""
+    learning rate: ``encoder_mean``, ``encoder_scale`` and ``decoder``.
+
+    The networks' calls and ``log_joint`` take a ``precision`` for their multiplies: float32 by
+    default (evaluation never passes another), ``config.precision`` in the training steps. Biases,
+    activations, likelihoods and the weights stay float32 either way."""
 
     def __init__(self, config: ModelConfig | None = None, seed: SeedLike = 0, *,
                  devices: Mapping[str, str] | None = None):
@@ -152,9 +135,10 @@ class VAE(tf.Module):
         with tf.device(devices.get("decoder")):
             self.decoder = Decoder(self.config, decoder_seed)
 
-    def log_joint(self, x: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
-        """log p(x, z) = log p(x | z) + log p(z): x [batch, 784], z [..., batch, latent] -> [..., batch]."""
-        return bernoulli_log_likelihood(x, self.decoder(z)) + standard_normal_log_prob(z)
+    def log_joint(self, x: tf.Tensor, z: tf.Tensor, precision: str = "float32") -> tf.Tensor:
+        """log p(x, z) = log p(x | z) + log p(z): x [batch, 784], z [..., batch, latent] -> [..., batch].
+        ``precision``: the decoder's multiplies (``matmul``)."""
+        return bernoulli_log_likelihood(x, self.decoder(z, precision)) + standard_normal_log_prob(z)
 
     def parameter_groups(self) -> dict[str, tuple[tf.Variable, ...]]:
         """The trainable variables of each group, in a fixed order."""

@@ -17,6 +17,7 @@ from vcd_helpers.config import ControlVariateConfig
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
+from vcd_helpers.seeds import split_seed
 
 tfd = tfp.distributions
 
@@ -39,13 +40,14 @@ def reparameterised_elbo(log_joint_fn: Callable[[tf.Tensor], tf.Tensor], loc: tf
     return log_joint_fn(z) - posterior_distribution(loc, scale).log_prob(z)
 
 
-def elbo(model: VAE, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def elbo(model: VAE, x: tf.Tensor, seed: tf.Tensor, precision: str = "float32") -> tf.Tensor:
     """One-sample reparameterised ELBO per example: log p(x, z) - log q(z | x), z = loc + scale * eps.
 
-    x [batch, 784] -> [batch]. Gradients flow to encoder and decoder through z.
+    x [batch, 784] -> [batch]. Gradients flow to encoder and decoder through z. ``precision``: the
+    networks' multiplies (``model.matmul``).
     """
-    loc, scale = model.encoder(x)
-    return reparameterised_elbo(lambda z: model.log_joint(x, z), loc, scale,
+    loc, scale = model.encoder(x, precision)
+    return reparameterised_elbo(lambda z: model.log_joint(x, z, precision), loc, scale,
                                 tf.random.stateless_normal(tf.shape(loc), seed=seed))
 
 
@@ -88,7 +90,8 @@ def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: 
 
 
 def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor,
-                         chain: HMCResult, baseline: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                         chain: HMCResult, baseline: tf.Tensor,
+                         precision: str = "float32") -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Both VCD surrogate losses of a batch, each summed over it, and g(zT).
 
         encoder_loss   ``encoder_surrogate_loss`` (pathwise, g and score-function terms)
@@ -99,13 +102,14 @@ def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Ten
       chain: the HMC chain run from z0 on log p(x, .); its end is zT, and its first evaluation
         gives log p(x, z0) and the gradient at z0.
       baseline: the control variate b [B].
+      precision: the decoder's multiplies (``model.matmul``).
     Returns (encoder_loss, decoder_loss, g) with g = g(zT) [B] stopped. Take the encoder loss's
     gradient with respect to the encoder's variables only and the decoder loss's with respect
     to the decoder's: each loss updates its own group.
     """
     zT = tf.stop_gradient(chain.final_state)
     # One decoder pass at zT serves both g (stopped) and the decoder loss (differentiated).
-    log_likelihood_zT = bernoulli_log_likelihood(x, model.decoder(zT))
+    log_likelihood_zT = bernoulli_log_likelihood(x, model.decoder(zT, precision))
     log_joint_zT = log_likelihood_zT + standard_normal_log_prob(zT)
     encoder_loss, g = encoder_surrogate_loss(loc, scale, z0, zT, chain.initial_log_prob, chain.initial_gradient,
                                              log_joint_zT, baseline)
@@ -217,11 +221,11 @@ def fit_diagonal_gaussian(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], 
     chain_step_size = tf.Variable(float(step_size))
     baseline = ControlVariate(ControlVariateConfig(kind="global"), num_examples=1)
     index = tf.zeros([batch_size], tf.int32)
-    seeds = tf.random.experimental.stateless_split(tf.constant([seed, 0], tf.int64), num=num_steps)
+    seeds = split_seed(tf.constant([seed, 0], tf.int64), num_steps)
 
     @tf.function
     def train_step(step):
-        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seeds[step], 2))
+        noise_seed, chain_seed = tf.unstack(split_seed(seeds[step], 2))
         noise = tf.random.stateless_normal([batch_size, dims], seed=noise_seed)
         with tf.GradientTape() as tape:
             scale = tf.broadcast_to(tf.exp(log_scale), [batch_size, dims])

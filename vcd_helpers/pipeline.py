@@ -38,6 +38,7 @@ waits), to measure a schedule's bubble, time and memory against their formulas
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -49,9 +50,9 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.hmc import HMCResult
-from vcd_helpers.model import VAE, bernoulli_log_likelihood, matmul_precision, standard_normal_log_prob
+from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
-from vcd_helpers.seeds import fold_in
+from vcd_helpers.seeds import fold_in, split_seed
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
 SCHEDULES = ("sequential", "grouped", "interleaved")
@@ -407,7 +408,8 @@ class PipelinedVCDTrainer(VCDTrainer):
         """Stage 0: loc, scale = encoder(x), z0 = loc + scale * eps, under a tape on the encoder."""
         tape = tf.GradientTape(watch_accessed_variables=False)
         # Recomputation keeps only the encoder's input from forward to backward.
-        encoder = tf.recompute_grad(self.model.encoder) if self.pipeline.recompute_encoder else self.model.encoder
+        encoder = functools.partial(self.model.encoder, precision=self.config.precision)
+        encoder = tf.recompute_grad(encoder) if self.pipeline.recompute_encoder else encoder
         with tape:
             tape.watch(self._encoder_variables())
             loc, scale = encoder(x_m)
@@ -427,7 +429,7 @@ class PipelinedVCDTrainer(VCDTrainer):
         tape = tf.GradientTape(watch_accessed_variables=False)
         with tape:
             tape.watch(self.model.parameter_groups()["decoder"])
-            log_likelihood = bernoulli_log_likelihood(x_m, self.model.decoder(zT))
+            log_likelihood = bernoulli_log_likelihood(x_m, self.model.decoder(zT, self.config.precision))
         return DecoderForward(tape, log_likelihood)
 
     def decoder_backward(self, forward: DecoderForward, zT: tf.Tensor) -> DecoderMessage:
@@ -469,8 +471,7 @@ class PipelinedVCDTrainer(VCDTrainer):
         def run(task: Task) -> NamedTuple:
             m = task.micro_batch
             x_m = x[m * b:(m + 1) * b]
-            noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(
-                fold_in(seed, m), 2))
+            noise_seed, chain_seed = tf.unstack(split_seed(fold_in(seed, m), 2))
             chain = done.get(Task("F", 1, m))
             if task.kind == "F":
                 return (self.encoder_forward(x_m, noise_seed) if task.stage == 0 else
@@ -491,7 +492,7 @@ class PipelinedVCDTrainer(VCDTrainer):
             with tf.device(p.device(task.stage)):
                 with tf.control_dependencies([] if after is None else [after]):
                     start = tf.timestamp()
-                with tf.control_dependencies([start]), matmul_precision(self.config.precision):
+                with tf.control_dependencies([start]):
                     done[task] = run(task)
                 with tf.control_dependencies([t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]):
                     end = tf.timestamp()

@@ -16,18 +16,30 @@ TRAINING_STREAMS = {"vae": 1, "vcd": 2}
 
 
 def as_seed(seed: SeedLike) -> tf.Tensor:
-    """A stateless seed, shape [2], int32, from an int or an existing seed tensor."""
+    """A stateless seed, shape [2], int32, from an int or an existing seed tensor (cast to int32,
+    as TFP's ``samplers.sanitize_seed`` does).
+
+    Raises ValueError for a tensor of another shape."""
     if isinstance(seed, int) and not isinstance(seed, bool):
         return tf.constant([0, seed], dtype=tf.int32)
+    return tf.cast(_seed_tensor(seed), tf.int32)
+
+
+def _seed_tensor(seed: tf.Tensor) -> tf.Tensor:
     seed = tf.convert_to_tensor(seed)
     if seed.shape != (2,):
         raise ValueError(f"seed has shape {seed.shape}: a stateless seed has shape [2]")
-    return tf.cast(seed, tf.int32)
+    return seed
 
 
 def split_seed(seed: SeedLike, num: int = 2) -> tf.Tensor:
-    """``num`` independent seeds derived from ``seed``: shape [num, 2], int32."""
-    return tf.random.experimental.stateless_split(as_seed(seed), num=num)
+    """``num`` independent seeds derived from ``seed``: shape [num, 2].
+
+    An int becomes ``as_seed(seed)``; a seed tensor keeps its dtype (the trainers split the int64
+    seeds ``fold_in`` makes from their step counter: a cast would change every draw of a run).
+    Raises ValueError for a tensor whose shape is not [2]."""
+    seed = as_seed(seed) if isinstance(seed, int) else _seed_tensor(seed)
+    return tf.random.experimental.stateless_split(seed, num=num)
 
 
 def fold_in(seed: SeedLike, data: int | tf.Tensor) -> tf.Tensor:

@@ -8,6 +8,7 @@ measures VCD's gradient estimator at fixed parameters.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Protocol
 
 import tensorflow as tf
@@ -16,10 +17,10 @@ from vcd_helpers.config import Config, check_positive_int
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.devices import compute_threads
 from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
-from vcd_helpers.model import VAE, matmul_precision
+from vcd_helpers.model import VAE
 from vcd_helpers.objectives import elbo, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
-from vcd_helpers.seeds import fold_in, training_seed
+from vcd_helpers.seeds import fold_in, split_seed, training_seed
 
 
 class Trainer(Protocol):
@@ -71,8 +72,8 @@ class VAETrainer(tf.Module):
         del index
         groups = self.model.parameter_groups()
         seed = fold_in(self.seed, self.step)
-        with tf.GradientTape() as tape, matmul_precision(self.config.precision):
-            loss = -tf.reduce_sum(elbo(self.model, x, seed))
+        with tf.GradientTape() as tape:
+            loss = -tf.reduce_sum(elbo(self.model, x, seed, self.config.precision))
         gradients = tape.gradient(loss, groups)
         for name, optimizer in self.optimizers.items():
             optimizer.apply_gradients(gradients[name], self.step)
@@ -115,9 +116,11 @@ class VCDTrainer(tf.Module):
         return {"model": self.model, "step_size": self.step_size, "control_variate": self.control_variate}
 
     def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
-        """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings."""
+        """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings
+        (its multiplies in ``config.precision``)."""
         hmc = self.config.hmc
-        return hmc_chain(sharded_target(self.model.log_joint, x, self.chain_shards), z0, step_size,
+        log_joint = functools.partial(self.model.log_joint, precision=self.config.precision)
+        return hmc_chain(sharded_target(log_joint, x, self.chain_shards), z0, step_size,
                          num_iterations=hmc.num_iterations, seed=seed, **hmc.kernel_arguments())
 
     def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
@@ -129,13 +132,15 @@ class VCDTrainer(tf.Module):
         multiply in ``config.precision``.
         """
         groups = self.model.parameter_groups()
-        noise_seed, chain_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        with tf.GradientTape(persistent=True) as tape, matmul_precision(self.config.precision):
-            loc, scale = self.model.encoder(x)
+        noise_seed, chain_seed = tf.unstack(split_seed(seed, 2))
+        precision = self.config.precision
+        with tf.GradientTape(persistent=True) as tape:
+            loc, scale = self.model.encoder(x, precision)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
                 chain = self.run_chain(x, z0, self.step_size, chain_seed)
-            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline)
+            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline,
+                                                                  precision)
         encoder_groups = {name: groups[name] for name in ("encoder_mean", "encoder_scale")}
         gradients = tape.gradient(encoder_loss, encoder_groups)
         gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
