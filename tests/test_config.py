@@ -150,3 +150,47 @@ def test_a_reduced_training_set_still_decays_every_30_epochs_of_50000_images(pre
     assert c.optimizer.lr_decay_epochs == 30
     assert c.lr_decay_steps == round(30 * 50_000 / batch_size)
     assert c.lr_decay_steps > 30 * c.steps_per_epoch
+
+
+def _library_calls():
+    """Calls of the library with one bad argument each, and the message its check gives."""
+    import numpy as np
+    import tensorflow as tf
+
+    from vcd_helpers import data, devices, evaluation, hmc, objectives, pipeline
+    from vcd_helpers.model import VAE
+
+    x = tf.zeros([2, 784])
+    target = lambda z: -tf.reduce_sum(z ** 2, -1)  # noqa: E731
+    fit = dict(target_log_prob_fn=target, objective="elbo", initial_loc=[0.0], initial_scale=[1.0], num_steps=2, batch_size=2,
+               learning_rate=0.1, num_iterations=1, num_leapfrog_steps=1, step_size=0.1)
+    return [
+        (lambda: evaluation.importance_sampled_log_likelihood(VAE(seed=0).log_joint, x, tf.zeros([2, 10]),
+                                                              tf.ones([2, 10]), num_samples=0, chunk_size=1, seed=0),
+         "num_samples=0 is invalid: must be a positive integer"),
+        (lambda: evaluation.hmc_posterior_chain(VAE(seed=0), x, burn_in=-1, kept=1, step_size=0.1,
+                                                     num_leapfrog_steps=1, seed=0),
+         "burn_in=-1 is invalid: must be a non-negative integer"),
+        (lambda: evaluation.hmc_posterior_chain(VAE(seed=0), x, burn_in=0, kept=1, step_size=float("nan"),
+                                                     num_leapfrog_steps=1, seed=0),
+         "step_size=nan is invalid: must be a positive finite number"),
+        (lambda: objectives.fit_diagonal_gaussian(**(fit | {"objective": "kl"})), "objective='kl' is invalid: must be one of"),
+        (lambda: objectives.fit_diagonal_gaussian(**(fit | {"batch_size": 0})), "batch_size=0 is invalid: must be a positive integer"),
+        (lambda: objectives.fit_diagonal_gaussian(**(fit | {"learning_rate": -1.0})),
+         "learning_rate=-1.0 is invalid: must be a positive finite number"),
+        (lambda: hmc.StepSizeAdaptation(hmc.HamiltonianMonteCarlo(target, 0.1, 1), target_accept_rate=1.0),
+         r"target_accept_rate=1.0 is invalid: must lie in \(0, 1\)"),
+        (lambda: pipeline.device_orders("zigzag", 3, 3), "schedule='zigzag' is invalid: must be one of"),
+        (lambda: data.load_binarized_mnist("training"), "split='training' is invalid: must be one of"),
+        (lambda: data.last_visits(10, batch_size=2, seed=0, step=-1), "step=-1 is invalid: must be a non-negative integer"),
+        (lambda: data.indexed_batches(np.zeros([10, 784], np.float32), 2, 0, start_step=-1),
+         "start_step=-1 is invalid: must be a non-negative integer"),
+        (lambda: devices.split_physical_device(2, "TPU"), "device_type='TPU' is invalid: must be one of CPU, GPU"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_the_library_checks_its_arguments_with_the_configs_validators(index):
+    call, message = _library_calls()[index]
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -197,7 +197,7 @@ def test_last_visits_are_the_steps_whose_batches_held_each_example(step):
 
 
 def test_last_visits_reject_a_negative_step():
-    with pytest.raises(ValueError, match=r"step=-1 is invalid: must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"step=-1 is invalid: must be a non-negative integer"):
         data.last_visits(105, 10, seed=7, step=-1)
 
 

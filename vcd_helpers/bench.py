@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, Config, EvaluationConfig, check_positive_int, load_config
+from vcd_helpers.config import NUM_PIXELS, Config, EvaluationConfig, check_one_of, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import compute_threads, cpu_model
 from vcd_helpers.evaluation import make_evaluator
@@ -108,8 +108,7 @@ def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int 
     ``steps_per_call`` (k is a tensor of the loop), so timing the same step again never compiles it
     again; each ``step_call`` starts it from the trainer's initial state and the first batch, so
     that no timing inherits the weights an earlier one trained (calls alive at once share them)."""
-    if style not in STYLES:
-        raise ValueError(f"style={style!r} is invalid: must be one of {', '.join(STYLES)}")
+    check_one_of("style", style, STYLES)
     if config.method == "vcd" and chain_shards is None:
         chain_shards = compute_threads()
     k = steps_per_call if style in ("loop", "xla_loop") else 1

@@ -46,8 +46,10 @@ STRATEGIES = ("none", "mirrored", "multi_worker")
 PRECISIONS = ("float32", "bfloat16")
 
 
-def _fail(field_name: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"{field_name}={value!r} is invalid: {allowed}")
+# The package's argument checks: each raises ValueError "NAME=VALUE is invalid: WHAT IS ALLOWED".
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
 def check_positive_int(name: str, value: Any) -> None:
@@ -57,26 +59,30 @@ def check_positive_int(name: str, value: Any) -> None:
         _fail(name, value, "must be a positive integer")
 
 
-def _non_negative_int(field_name: str, value: Any) -> None:
+def check_non_negative_int(name: str, value: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is an int (not a bool) >= 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _fail(field_name, value, "must be a non-negative integer")
+        _fail(name, value, "must be a non-negative integer")
 
 
-def _positive_float(field_name: str, value: Any) -> None:
+def check_positive_number(name: str, value: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is a finite int or float > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        _fail(field_name, value, "must be a positive finite number")
+        _fail(name, value, "must be a positive finite number")
 
 
-def _fraction(field_name: str, value: Any, *, inclusive_low: bool = False) -> None:
+def check_fraction(name: str, value: Any, *, inclusive_low: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is a number in (0, 1) (or [0, 1))."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1
     ok = ok and (value >= 0 if inclusive_low else value > 0)
     if not ok:
-        _fail(field_name, value, "must lie in " + ("[0, 1)" if inclusive_low else "(0, 1)"))
+        _fail(name, value, "must lie in " + ("[0, 1)" if inclusive_low else "(0, 1)"))
 
 
-def _one_of(field_name: str, value: Any, allowed: tuple[str, ...]) -> None:
+def check_one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Raise ValueError naming ``name`` and the allowed values unless ``value`` is one of them."""
     if value not in allowed:
-        _fail(field_name, value, f"must be one of {', '.join(allowed)}")
+        _fail(name, value, f"must be one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_positive_int("model.latent_dim", self.latent_dim)
         check_positive_int("model.hidden_units", self.hidden_units)
-        _positive_float("model.min_scale", self.min_scale)
+        check_positive_number("model.min_scale", self.min_scale)
 
 
 @dataclass(frozen=True)
@@ -106,9 +112,9 @@ class HMCConfig:
     def __post_init__(self) -> None:
         check_positive_int("hmc.num_iterations", self.num_iterations)
         check_positive_int("hmc.num_leapfrog_steps", self.num_leapfrog_steps)
-        _positive_float("hmc.initial_step_size", self.initial_step_size)
-        _fraction("hmc.target_accept_rate", self.target_accept_rate)
-        _positive_float("hmc.adaptation_rate", self.adaptation_rate)
+        check_positive_number("hmc.initial_step_size", self.initial_step_size)
+        check_fraction("hmc.target_accept_rate", self.target_accept_rate)
+        check_positive_number("hmc.adaptation_rate", self.adaptation_rate)
 
     def kernel_arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``hmc.hmc_chain`` (and of the samplers built on it) that set
@@ -136,14 +142,14 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.learning_rate is not None:
-            _positive_float("optimizer.learning_rate", self.learning_rate)
-        _positive_float("optimizer.scale_learning_rate_ratio", self.scale_learning_rate_ratio)
-        _fraction("optimizer.rms_decay", self.rms_decay)
-        _positive_float("optimizer.initial_mean_square", self.initial_mean_square)
-        _positive_float("optimizer.lr_decay_rate", self.lr_decay_rate)
+            check_positive_number("optimizer.learning_rate", self.learning_rate)
+        check_positive_number("optimizer.scale_learning_rate_ratio", self.scale_learning_rate_ratio)
+        check_fraction("optimizer.rms_decay", self.rms_decay)
+        check_positive_number("optimizer.initial_mean_square", self.initial_mean_square)
+        check_positive_number("optimizer.lr_decay_rate", self.lr_decay_rate)
         if self.lr_decay_rate > 1:
             _fail("optimizer.lr_decay_rate", self.lr_decay_rate, "must lie in (0, 1]")
-        _positive_float("optimizer.lr_decay_epochs", self.lr_decay_epochs)
+        check_positive_number("optimizer.lr_decay_epochs", self.lr_decay_epochs)
 
 
 @dataclass(frozen=True)
@@ -155,9 +161,9 @@ class ControlVariateConfig:
     switch_step: int = 3000
 
     def __post_init__(self) -> None:
-        _one_of("control_variate.kind", self.kind, CONTROL_VARIATE_KINDS)
-        _fraction("control_variate.decay", self.decay, inclusive_low=True)
-        _non_negative_int("control_variate.switch_step", self.switch_step)
+        check_one_of("control_variate.kind", self.kind, CONTROL_VARIATE_KINDS)
+        check_fraction("control_variate.decay", self.decay, inclusive_low=True)
+        check_non_negative_int("control_variate.switch_step", self.switch_step)
 
 
 @dataclass(frozen=True)
@@ -178,12 +184,12 @@ class EvaluationConfig:
     batch_size: int = 500
 
     def __post_init__(self) -> None:
-        _one_of("evaluation.split", self.split, EVAL_SPLITS)
-        _one_of("evaluation.proposal", self.proposal, PROPOSALS)
+        check_one_of("evaluation.split", self.split, EVAL_SPLITS)
+        check_one_of("evaluation.proposal", self.proposal, PROPOSALS)
         check_positive_int("evaluation.num_samples", self.num_samples)
         check_positive_int("evaluation.chunk_size", self.chunk_size)
-        _positive_float("evaluation.widen", self.widen)
-        _non_negative_int("evaluation.burn_in", self.burn_in)
+        check_positive_number("evaluation.widen", self.widen)
+        check_non_negative_int("evaluation.burn_in", self.burn_in)
         check_positive_int("evaluation.kept", self.kept)
         if self.num_examples is not None:
             check_positive_int("evaluation.num_examples", self.num_examples)
@@ -233,7 +239,7 @@ class Config:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             _fail("name", self.name, "must be a non-empty string")
-        _one_of("method", self.method, METHODS)
+        check_one_of("method", self.method, METHODS)
         if self.batch_size is None:
             _fail(
                 "batch_size",
@@ -247,7 +253,7 @@ class Config:
         if self.steps is not None:
             check_positive_int("steps", self.steps)
         if self.epochs is not None:
-            _positive_float("epochs", self.epochs)
+            check_positive_number("epochs", self.epochs)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
             _fail("seed", self.seed, "must be an integer in [0, 2**31)")
         check_positive_int("train_examples", self.train_examples)
@@ -261,9 +267,9 @@ class Config:
             # A resumed run then restarts on a logging-window boundary and writes the same rows.
             _fail("checkpoint_every_steps", self.checkpoint_every_steps,
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
-        _one_of("strategy", self.strategy, STRATEGIES)
+        check_one_of("strategy", self.strategy, STRATEGIES)
         check_positive_int("replicas", self.replicas)
-        _one_of("precision", self.precision, PRECISIONS)
+        check_one_of("precision", self.precision, PRECISIONS)
         if self.strategy == "none" and self.replicas != 1:
             _fail("replicas", self.replicas, "must be 1 without a strategy (--strategy mirrored or multi_worker)")
         if self.strategy != "none" and self.method != "vcd":
@@ -271,7 +277,7 @@ class Config:
         if self.batch_size % self.replicas:
             _fail("batch_size", self.batch_size, f"must be a multiple of replicas={self.replicas}")
         if self.curve_every_epochs is not None:
-            _positive_float("curve_every_epochs", self.curve_every_epochs)
+            check_positive_number("curve_every_epochs", self.curve_every_epochs)
         for name, kind in _SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 _fail(name, getattr(self, name), f"must be a {kind.__name__}")

@@ -38,7 +38,7 @@ from typing import Iterable
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES, check_positive_int
+from vcd_helpers.config import NUM_PIXELS, SPLIT_SIZES, check_non_negative_int, check_one_of, check_positive_int
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.seeds import as_seed, fold_in
 from vcd_helpers.timing import Stopwatch, time_calls
@@ -104,8 +104,7 @@ def _sha256(path: Path) -> str:
 
 
 def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r} is invalid: must be one of {', '.join(SPLITS)}")
+    check_one_of("split", split, SPLITS)
 
 
 # ----------------------------------------------------------------------------------- cache
@@ -392,8 +391,7 @@ def last_visits(num_examples: int, batch_size: int, seed: int, step: int) -> np.
     is how many steps old each example's baseline is when step ``step`` reads it.
     """
     check_positive_int("batch_size", batch_size)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step={step!r} is invalid: must be an integer >= 0")
+    check_non_negative_int("step", step)
     steps_per_epoch = num_examples // batch_size
     last = np.full([num_examples], -1, np.int64)
     # The epochs before ``step``, newest first: an example's newest visit is the one to keep.
@@ -442,8 +440,7 @@ def indexed_batches(images: np.ndarray, batch_size: int, seed: int, *, start_ste
     num_examples = len(images)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= num_examples:
         raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer in [1, {num_examples}]")
-    if start_step < 0:
-        raise ValueError(f"start_step={start_step!r} is invalid: must be >= 0")
+    check_non_negative_int("start_step", start_step)
     steps_per_epoch = num_examples // batch_size
     first_epoch, skip = divmod(start_step, steps_per_epoch)
     base_seed = as_seed(seed)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import tensorflow as tf
 
-from vcd_helpers.config import check_positive_int
+from vcd_helpers.config import check_one_of, check_positive_int
 
 
 def device_summary() -> dict[str, object]:
@@ -122,8 +122,7 @@ def split_physical_device(num_logical: int, device_type: str = "CPU",
       RuntimeError: TensorFlow already initialised its devices with a different split.
     """
     check_positive_int("num_logical", num_logical)
-    if device_type not in ("CPU", "GPU"):
-        raise ValueError(f"device_type={device_type!r} is invalid: must be 'CPU' or 'GPU'")
+    check_one_of("device_type", device_type, ("CPU", "GPU"))
     if device_type == "GPU" and memory_limit_mb is None:
         raise ValueError("memory_limit_mb is required when splitting a GPU (MiB per logical GPU)")
     physical = tf.config.list_physical_devices(device_type)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from vcd_helpers.config import STRATEGIES, Config, check_positive_int
+from vcd_helpers.config import STRATEGIES, Config, check_one_of, check_positive_int
 from vcd_helpers.devices import split_physical_device
 from vcd_helpers.model import VAE
 from vcd_helpers.seeds import fold_in
@@ -128,8 +128,7 @@ def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.
     MultiWorkerMirroredStrategy from the TF_CONFIG environment variable, which must name this
     process's task; create it before any other TensorFlow op.
     """
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy={name!r} is invalid: must be one of {', '.join(STRATEGIES)}")
+    check_one_of("strategy", name, STRATEGIES)
     if name == "none":
         return None
     if name == "mirrored":

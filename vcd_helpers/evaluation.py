@@ -27,7 +27,7 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import EvaluationConfig, HMCConfig, check_positive_int
+from vcd_helpers.config import EvaluationConfig, HMCConfig, check_non_negative_int, check_positive_int, check_positive_number
 from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_rate, mean_over_iterations,
                              sample_chain)
 from vcd_helpers.model import VAE
@@ -58,8 +58,8 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
     Returns: [B] estimates, or ([B] estimates, [B] S_eff).
     Raises: ValueError if num_samples or chunk_size is not positive.
     """
-    if num_samples < 1 or chunk_size < 1:
-        raise ValueError(f"num_samples={num_samples} and chunk_size={chunk_size} must be positive")
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("chunk_size", chunk_size)
     chunk_size = min(chunk_size, num_samples)
     num_chunks = -(-num_samples // chunk_size)
     proposal = posterior_distribution(proposal_loc, proposal_scale)
@@ -121,13 +121,10 @@ def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, st
     Raises: ValueError if burn_in is not an integer >= 0, kept is not an integer >= 1, step_size is
     not a finite positive number (a tensor is taken as it is), or initial_state is not [B, D].
     """
-    if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
-        raise ValueError(f"burn_in={burn_in!r} is invalid: must be a non-negative number of iterations")
+    check_non_negative_int("burn_in", burn_in)
     check_positive_int("kept", kept)
-    if not isinstance(step_size, tf.Tensor) and (
-            isinstance(step_size, bool) or not isinstance(step_size, (int, float, np.number))
-            or not (math.isfinite(step_size) and step_size > 0)):
-        raise ValueError(f"step_size={step_size!r} is invalid: must be a finite positive number")
+    if not isinstance(step_size, tf.Tensor):
+        check_positive_number("step_size", step_size)
     loc, _ = model.encoder(x)
     if initial_state is not None:
         initial_state = tf.convert_to_tensor(initial_state, loc.dtype)

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.config import HMCConfig, check_positive_int
+from vcd_helpers.config import HMCConfig, check_fraction, check_positive_int
 from vcd_helpers.model import VAE
 from vcd_helpers.seeds import SeedLike, as_seed, split_seed
 
@@ -246,8 +246,7 @@ class StepSizeAdaptation(tfp.mcmc.TransitionKernel):
 
     def __init__(self, inner_kernel: HamiltonianMonteCarlo, target_accept_rate: float = HMCConfig.target_accept_rate,
                  adaptation_rate: float = HMCConfig.adaptation_rate):
-        if not 0.0 < target_accept_rate < 1.0:
-            raise ValueError(f"target_accept_rate={target_accept_rate!r} is invalid: must lie in (0, 1)")
+        check_fraction("target_accept_rate", target_accept_rate)
         self._parameters = dict(inner_kernel=inner_kernel, target_accept_rate=target_accept_rate,
                                 adaptation_rate=adaptation_rate)
 

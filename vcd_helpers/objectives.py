@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from vcd_helpers.config import ControlVariateConfig
+from vcd_helpers.config import ControlVariateConfig, check_one_of, check_positive_int, check_positive_number
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
@@ -197,15 +197,12 @@ def fit_diagonal_gaussian(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], 
     Raises ValueError for an unknown objective, non-positive counts, learning rate or step size,
     or locs and scales of different lengths or non-positive scales.
     """
-    if objective not in FIT_OBJECTIVES:
-        raise ValueError(f"objective={objective!r} is invalid: must be one of {', '.join(FIT_OBJECTIVES)}")
-    for name, value in (("num_steps", num_steps), ("batch_size", batch_size), ("num_iterations", num_iterations),
+    check_one_of("objective", objective, FIT_OBJECTIVES)
+    for name, count in (("num_steps", num_steps), ("batch_size", batch_size), ("num_iterations", num_iterations),
                         ("num_leapfrog_steps", num_leapfrog_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
-    for name, value in (("learning_rate", learning_rate), ("step_size", step_size)):
-        if not np.isfinite(value) or value <= 0:
-            raise ValueError(f"{name}={value!r} is invalid: must be a positive finite number")
+        check_positive_int(name, count)
+    check_positive_number("learning_rate", learning_rate)
+    check_positive_number("step_size", step_size)
     initial_loc = np.asarray(initial_loc, np.float32)
     initial_scale = np.asarray(initial_scale, np.float32)
     if initial_loc.ndim != 1 or initial_loc.shape != initial_scale.shape:

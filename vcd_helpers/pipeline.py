@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config, check_positive_int
+from vcd_helpers.config import Config, check_one_of, check_positive_int
 from vcd_helpers.hmc import HMCResult
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
@@ -99,8 +99,7 @@ class PipelineConfig:
     slot_device: str | None = None
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+        check_one_of("schedule", self.schedule, SCHEDULES)
         batch_sizes(self.micro_batch_size, self.gradient_accumulation, 1, self.device_iterations)
         if self.schedule != "sequential" and self.gradient_accumulation < NUM_STAGES:
             raise ValueError(
@@ -145,8 +144,7 @@ def device_orders(schedule: str, num_stages: int, num_micro_batches: int) -> lis
     backward, then drains the remaining backwards. sequential: forwards then backwards per
     micro-batch (``execution_order`` also serialises the devices).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    check_one_of("schedule", schedule, SCHEDULES)
     orders = []
     for s in range(num_stages):
         forwards = [Task("F", s, m) for m in range(num_micro_batches)]
@@ -295,8 +293,7 @@ def schedule_time(schedule: str, num_stages: int, num_micro_batches: int, forwar
     """The model of a balanced pipeline's step time (every stage's forward takes ``forward_seconds``, its
     backward ``backward_seconds``), t_F and t_B: sequential P M (t_F + t_B); grouped and interleaved
     (M + P - 1)(t_F + t_B)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    check_one_of("schedule", schedule, SCHEDULES)
     check_positive_int("num_stages", num_stages)
     check_positive_int("num_micro_batches", num_micro_batches)
     task_pair = forward_seconds + backward_seconds
@@ -308,8 +305,7 @@ def schedule_time(schedule: str, num_stages: int, num_micro_batches: int, forwar
 def in_flight_formula(schedule: str, num_stages: int, num_micro_batches: int) -> list[int]:
     """Per stage ℓ (from 0), the micro-batches a schedule keeps in flight at its peak, by formula:
     sequential 1; grouped M; interleaved (1F1B) min(P - ℓ, M)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is invalid: must be one of {', '.join(SCHEDULES)}")
+    check_one_of("schedule", schedule, SCHEDULES)
     check_positive_int("num_stages", num_stages)
     check_positive_int("num_micro_batches", num_micro_batches)
     if schedule == "sequential":
