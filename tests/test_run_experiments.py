@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vcd_helpers.runs import runner
-from vcd_helpers.runs.cli import _parser, resolve_config
+from vcd_helpers.runs.cli import config_from_options
 from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.plan import PLAN
 
@@ -27,7 +27,7 @@ FINISHED = {"steps": 400_000, "ms_per_step": 50.0, "examples_per_second": 2000.0
 
 
 def _config(run):
-    return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *run.options]))
+    return config_from_options(run.options)
 
 
 def test_the_plan_is_the_issue_list_of_valid_runs():

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vcd_helpers.runs.cli import _parser, main, resolve_config
+from vcd_helpers.runs.cli import _parser, config_from_options, main, resolve_config
 from vcd_helpers.config import Config, load_config
 from vcd_helpers.results import RunDirectoryError, read_curve, read_launches
 from vcd_helpers.runs.checkpoints import latest_trainer
@@ -170,7 +170,7 @@ def test_a_directory_holding_another_run_is_refused(tmp_path):
 
 
 def _resolve(*argv: str):
-    return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *argv]))
+    return config_from_options(argv)
 
 
 def test_cli_overrides():

@@ -244,3 +244,20 @@ def test_the_vcd_step_reports_per_example_losses_and_trains_only_the_model():
     np.testing.assert_allclose(float(metrics["encoder_loss"]), float(estimate.encoder_loss) / 8, rtol=1e-6)
     np.testing.assert_allclose(float(metrics["decoder_loss"]), float(estimate.decoder_loss) / 8, rtol=1e-6)
     assert {id(v) for v in trainer.trainable_variables} == {id(v) for v in trainer.model.trainable_variables}
+
+
+def test_g_terms_are_the_terms_of_the_steps_g_and_change_no_state():
+    from vcd_helpers.variance import g_terms
+
+    trainer = _vcd_trainer(num_iterations=2)
+    x, seed = _batch(), tf.constant([7, 11])
+    trainer._train_step(INDEX, x)  # a baseline and an adapted step size that are not the initial ones
+    baseline = trainer.control_variate.values(INDEX, trainer.step)
+    step, step_size = int(trainer.step), float(trainer.step_size)
+    terms = g_terms(trainer, INDEX, x, seed)
+    estimate = trainer.estimate_gradients(x, baseline, seed)
+    np.testing.assert_allclose(terms.g, estimate.g, rtol=1e-5)
+    np.testing.assert_array_equal(terms.baseline, baseline)
+    assert np.all(terms.quadratic > 0) and terms.scale.shape == (8, 3)
+    np.testing.assert_array_equal(terms.scale, trainer.model.encoder(x)[1])
+    assert (int(trainer.step), float(trainer.step_size)) == (step, step_size)

@@ -1,14 +1,16 @@
-"""The variance of VCD's gradient estimator at fixed parameters (chapter 4's measure of a
-control variate)."""
+"""VCD's gradient estimator at fixed parameters: its variance (chapter 4's measure of a control
+variate) and the terms of the g its score-function term weighs (chapter 7's local baselines)."""
 
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
+from vcd_helpers.objectives import half_standardised_square
+from vcd_helpers.seeds import split_seed
 from vcd_helpers.training import VCDTrainer
 
 
@@ -52,3 +54,30 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
         mean = sums[name] / num_draws
         variance[name] = float(np.sum(squares[name] / num_draws - mean ** 2) * num_draws / (num_draws - 1))
     return variance
+
+
+class GTerms(NamedTuple):
+    """g(zT) = log p(x, zT) + 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2 split in its two terms, per
+    example, with the baseline b the step subtracts from it and the encoder's scales."""
+
+    log_joint: tf.Tensor  # log p(x, zT) [B]
+    quadratic: tf.Tensor  # 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2 [B]
+    baseline: tf.Tensor  # b [B]
+    scale: tf.Tensor  # sigma [B, D]
+
+    @property
+    def g(self) -> tf.Tensor:
+        return self.log_joint + self.quadratic
+
+
+def g_terms(trainer: VCDTrainer, index: tf.Tensor, x: tf.Tensor, seed: tf.Tensor) -> GTerms:
+    """The terms of g on the batch (index [B], rows of the training set; x [B, 784]) for the draws
+    of ``seed`` [2], drawn as ``trainer.estimate_gradients(x, b, seed)`` draws them (z0 ~ q0, the
+    trainer's chain from it at its current step size), so that their sum is the estimate's g; b
+    as the trainer's next step reads it. Changes no state."""
+    noise_seed, chain_seed = tf.unstack(split_seed(seed, 2))
+    loc, scale = trainer.model.encoder(x, trainer.config.precision)
+    z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+    zT = trainer.run_chain(x, z0, trainer.step_size, chain_seed).final_state
+    return GTerms(trainer.model.log_joint(x, zT, trainer.config.precision), half_standardised_square(zT, loc, scale),
+                  trainer.control_variate.values(index, trainer.step), scale)

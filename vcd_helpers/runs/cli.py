@@ -124,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_from_options(options: Sequence[str]) -> Config:
+    """The Config that ``train`` resolves from these options (a planned run's, e.g.)."""
+    return resolve_config(_parser().parse_args(["train", "--results", "/nonexistent", *options]))
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """The run's Config from the parsed ``train`` options."""
     if args.config is None:

@@ -1,0 +1,123 @@
+"""Replay the first epochs of a planned run and measure the terms of VCD's g along the way.
+
+    .venv/bin/python tools/replay_g_terms.py vcd_local_e100_s0 --epochs 10 --every 100
+
+Trains the run's configuration from step 0 as the runner's training command does (the same
+batches, the same in-graph loop of 10 steps per call, one thread), so that its logging windows are
+the run's rows of metrics.csv: when results/NAME holds them, every replayed row is compared with
+its committed row, as text, and the script fails on the first that differs. Every ``--every``
+steps it measures ``variance.g_terms`` on the batch the next step takes, with that step's seed:
+the draws the step itself makes, so the g measured is the step's own. Nothing it measures
+changes the training.
+
+Writes results/g_terms/NAME.csv, one row per measurement: the step, quantiles over the batch of
+log p(x, zT), of the quadratic term 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2, of |g - b| and of b,
+and the share of the encoder's scales within twice their floor (model.min_scale). Chapter 7
+reads these files; the book's reproducibility appendix lists the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from vcd_helpers.config import Config
+from vcd_helpers.data import indexed_batches, load_binarized_mnist
+from vcd_helpers.loops import fit
+from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
+from vcd_helpers.runs.cli import config_from_options
+from vcd_helpers.runs.plan import PLAN
+from vcd_helpers.runs.train import default_steps_per_call
+from vcd_helpers.seeds import fold_in
+from vcd_helpers.trainers import build_trainer
+from vcd_helpers.variance import g_terms
+
+OUT_DIR = COMMITTED_RESULTS / "g_terms"
+COLUMNS = ["step", "epoch", "log_joint_p50", "quadratic_p50", "quadratic_p90", "quadratic_max",
+           "abs_g_minus_b_p50", "abs_g_minus_b_p90", "baseline_p50", "scale_p50", "floor_share"]
+
+
+def summary(step: int, steps_per_epoch: int, terms, min_scale: float) -> list[str]:
+    """One CSV row of ``COLUMNS`` from a measurement's terms (numpy arrays)."""
+    gap = np.abs(terms["log_joint"] + terms["quadratic"] - terms["baseline"])
+    values = [np.median(terms["log_joint"]), np.median(terms["quadratic"]), np.percentile(terms["quadratic"], 90),
+              terms["quadratic"].max(), np.median(gap), np.percentile(gap, 90), np.median(terms["baseline"]),
+              np.median(terms["scale"]), np.mean(terms["scale"] < 2 * min_scale)]
+    return [str(step), f"{step / steps_per_epoch:g}", *(f"{v:.6g}" for v in values)]
+
+
+def replay(config: Config, steps: int, every: int, committed: Path | None = None) -> tuple[list[list[str]], int]:
+    """Train ``config`` for ``steps`` steps from its start, measuring g's terms every ``every``
+    steps; returns the CSV rows (``COLUMNS``) and how many metrics rows matched ``committed``
+    (a run's metrics.csv, compared as far as both go). Raises SystemExit at the first row that
+    differs, or when ``every`` is not a multiple of the logging window dividing ``steps``."""
+    if every % config.log_every_steps or steps % every:
+        raise SystemExit(f"--every {every} must be a multiple of log_every_steps={config.log_every_steps} and "
+                         f"divide the replayed {steps} steps")
+    rows = list(csv.reader(committed.open()))[1:] if committed is not None and committed.exists() else []
+    trainer = build_trainer(config)
+    images = load_binarized_mnist("train")[: config.train_examples]
+    measure = tf.function(lambda index, x, seed: g_terms(trainer, index, x, seed)._asdict())
+    window: dict[str, list[float]] = {n: [] for n in trainer.metric_names}
+    out, compared = [], 0
+
+    def record(step: int) -> None:
+        index, x = next(iter(indexed_batches(images, config.batch_size, config.seed, start_step=step)))
+        terms = {k: v.numpy() for k, v in measure(index, x, fold_in(trainer.seed, trainer.step)).items()}
+        out.append(summary(step, config.steps_per_epoch, terms, config.model.min_scale))
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        nonlocal compared
+        for n in window:
+            window[n].append(metrics[n])
+        if step % config.log_every_steps == 0:
+            row = [str(step), *(f"{np.mean(window[n]):.7g}" for n in trainer.metric_names)]
+            for n in window:
+                window[n].clear()
+            if step <= len(rows) * config.log_every_steps:
+                committed_row = rows[step // config.log_every_steps - 1]
+                if [committed_row[0], *committed_row[2:]] != row:
+                    raise SystemExit(f"the replay's row at step {step} is {row}, the run's {committed_row}")
+                compared += 1
+        if step % every == 0:
+            record(step)
+
+    record(0)
+    fit(trainer, indexed_batches(images, config.batch_size, config.seed), steps,
+        steps_per_call=default_steps_per_call(config), progress=False, on_step=on_step)
+    return out, compared
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The runner trains each run on one thread (its two runs share two cores): the same thread
+    # count sums the same floats in the same order, so the replay's metrics equal the run's.
+    # (TensorFlow reads these when it runs its first op, which is after this.)
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="+", help="planned runs (tools/run_experiments.py --status lists them)")
+    parser.add_argument("--epochs", type=float, default=10.0)
+    parser.add_argument("--every", type=int, default=100, help="steps between measurements")
+    args = parser.parse_args(argv)
+    plan = {run.name: run for run in PLAN}
+    for name in args.names:
+        config = config_from_options(plan[name].options)
+        steps = round(args.epochs * config.steps_per_epoch)
+        out, compared = replay(config, steps, args.every, COMMITTED_RESULTS / name / METRICS_FILE)
+        OUT_DIR.mkdir(exist_ok=True)
+        path = OUT_DIR / f"{name}.csv"
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([COLUMNS, *out])
+        print(f"{name}: {steps} steps replayed, {compared} metrics rows identical to the run's; {len(out)} "
+              f"measurements in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
