@@ -1,5 +1,5 @@
 """tools/replay_g_terms.py: a replay trains exactly the run it replays (its metrics rows equal the
-run's, and a differing row stops it), and it measures g's terms without changing the training."""
+run's, and the first differing row is reported), and it measures g's terms without changing the training."""
 
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ def tiny_run(tmp_path_factory):
 
 def test_a_replay_equals_the_run_and_measures_every_interval(tiny_run):
     config, metrics = tiny_run
-    out, compared = replay_g_terms.replay(config, 40, 20, metrics)
-    assert compared == 4  # every logging window of the 40 steps, identical as text
+    out, comparison = replay_g_terms.replay(config, 40, 20, metrics)
+    # every logging window of the 40 steps, identical as text
+    assert comparison == {"rows_compared": 4, "rows_identical": 4, "first_difference": None,
+                          "max_relative_difference": 0.0}
     assert [row[0] for row in out] == ["0", "20", "40"]
     values = {name: float(v) for name, v in zip(replay_g_terms.COLUMNS, out[0])}
     # At step 0 the baselines are zero, so |g - b| is |g|; the quadratic term is positive.
@@ -38,15 +40,16 @@ def test_a_replay_equals_the_run_and_measures_every_interval(tiny_run):
     assert 0 <= values["floor_share"] <= 1 and values["epoch"] == 0
 
 
-def test_a_replay_stops_at_a_row_that_differs_from_the_run(tiny_run, tmp_path):
+def test_a_replay_reports_the_first_row_that_differs_from_the_run(tiny_run, tmp_path):
     config, metrics = tiny_run
     rows = list(csv.reader(metrics.open()))
     rows[2][2] = repr(float(rows[2][2]) * (1 + 1e-6))  # the second window's encoder loss, slightly off
     changed = tmp_path / "metrics.csv"
     with changed.open("w", newline="") as f:
         csv.writer(f).writerows(rows)
-    with pytest.raises(SystemExit, match="row at step 20"):
-        replay_g_terms.replay(config, 40, 20, changed)
+    _, comparison = replay_g_terms.replay(config, 40, 20, changed)
+    assert comparison["rows_identical"] == 3 and comparison["first_difference"] == 20
+    assert comparison["max_relative_difference"] == pytest.approx(1e-6, rel=1e-3)
 
 
 def test_the_summary_row_reads_the_terms():

@@ -3,23 +3,26 @@
     .venv/bin/python tools/replay_g_terms.py vcd_local_e100_s0 --epochs 10 --every 100
 
 Trains the run's configuration from step 0 as the runner's training command does (the same
-batches, the same in-graph loop of 10 steps per call, one thread), so that its logging windows are
-the run's rows of metrics.csv: when results/NAME holds them, every replayed row is compared with
-its committed row, as text, and the script fails on the first that differs. Every ``--every``
-steps it measures ``variance.g_terms`` on the batch the next step takes, with that step's seed:
-the draws the step itself makes, so the g measured is the step's own. Nothing it measures
-changes the training.
+batches, the same in-graph loop of 10 steps per call, one thread), and compares each of its
+logging windows with the run's row of metrics.csv when results/NAME holds it, as text: identical
+rows show that the replay is the run itself (on the CPU model and code that trained it, the sums
+come out bit for bit the same); a run trained on another CPU or by code that sums in another order
+differs in the last digits first. Every ``--every`` steps it measures ``variance.g_terms`` on the
+batch the next step takes, with that step's seed: the draws the step itself makes, so the g
+measured is the step's own. Nothing it measures changes the training.
 
 Writes results/g_terms/NAME.csv, one row per measurement: the step, quantiles over the batch of
 log p(x, zT), of the quadratic term 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2, of |g - b| and of b,
-and the share of the encoder's scales within twice their floor (model.min_scale). Chapter 7
-reads these files; the book's reproducibility appendix lists the commands.
+and the share of the encoder's scales within twice their floor (model.min_scale); and
+NAME.json: the comparison with the run's rows, the command, code commit and CPU. Chapter 7 reads
+these files; the book's reproducibility appendix lists them.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 from pathlib import Path
@@ -29,6 +32,7 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
+from vcd_helpers.devices import code_version, cpu_model
 from vcd_helpers.loops import fit
 from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
 from vcd_helpers.runs.cli import config_from_options
@@ -52,11 +56,12 @@ def summary(step: int, steps_per_epoch: int, terms, min_scale: float) -> list[st
     return [str(step), f"{step / steps_per_epoch:g}", *(f"{v:.6g}" for v in values)]
 
 
-def replay(config: Config, steps: int, every: int, committed: Path | None = None) -> tuple[list[list[str]], int]:
+def replay(config: Config, steps: int, every: int, committed: Path | None = None) -> tuple[list[list[str]], dict]:
     """Train ``config`` for ``steps`` steps from its start, measuring g's terms every ``every``
-    steps; returns the CSV rows (``COLUMNS``) and how many metrics rows matched ``committed``
-    (a run's metrics.csv, compared as far as both go). Raises SystemExit at the first row that
-    differs, or when ``every`` is not a multiple of the logging window dividing ``steps``."""
+    steps. Returns the CSV rows (``COLUMNS``) and the comparison of its logging windows with
+    ``committed`` (a run's metrics.csv) as far as both go: rows compared, rows identical as text,
+    the first step that differs (None) and the largest relative difference of a metric. Raises
+    SystemExit when ``every`` is not a multiple of the logging window dividing ``steps``."""
     if every % config.log_every_steps or steps % every:
         raise SystemExit(f"--every {every} must be a multiple of log_every_steps={config.log_every_steps} and "
                          f"divide the replayed {steps} steps")
@@ -65,7 +70,8 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
     images = load_binarized_mnist("train")[: config.train_examples]
     measure = tf.function(lambda index, x, seed: g_terms(trainer, index, x, seed)._asdict())
     window: dict[str, list[float]] = {n: [] for n in trainer.metric_names}
-    out, compared = [], 0
+    out = []
+    comparison = {"rows_compared": 0, "rows_identical": 0, "first_difference": None, "max_relative_difference": 0.0}
 
     def record(step: int) -> None:
         index, x = next(iter(indexed_batches(images, config.batch_size, config.seed, start_step=step)))
@@ -73,7 +79,6 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
         out.append(summary(step, config.steps_per_epoch, terms, config.model.min_scale))
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
-        nonlocal compared
         for n in window:
             window[n].append(metrics[n])
         if step % config.log_every_steps == 0:
@@ -81,17 +86,23 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
             for n in window:
                 window[n].clear()
             if step <= len(rows) * config.log_every_steps:
-                committed_row = rows[step // config.log_every_steps - 1]
-                if [committed_row[0], *committed_row[2:]] != row:
-                    raise SystemExit(f"the replay's row at step {step} is {row}, the run's {committed_row}")
-                compared += 1
+                theirs = rows[step // config.log_every_steps - 1]
+                theirs = [theirs[0], *theirs[2:]]
+                comparison["rows_compared"] += 1
+                if theirs == row:
+                    comparison["rows_identical"] += 1
+                else:
+                    comparison["first_difference"] = comparison["first_difference"] or step
+                    difference = max(abs(float(a) - float(b)) / max(abs(float(b)), 1e-30)
+                                     for a, b in zip(row[1:], theirs[1:]))
+                    comparison["max_relative_difference"] = max(comparison["max_relative_difference"], difference)
         if step % every == 0:
             record(step)
 
     record(0)
     fit(trainer, indexed_batches(images, config.batch_size, config.seed), steps,
         steps_per_call=default_steps_per_call(config), progress=False, on_step=on_step)
-    return out, compared
+    return out, comparison
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,13 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names:
         config = config_from_options(plan[name].options)
         steps = round(args.epochs * config.steps_per_epoch)
-        out, compared = replay(config, steps, args.every, COMMITTED_RESULTS / name / METRICS_FILE)
+        out, comparison = replay(config, steps, args.every, COMMITTED_RESULTS / name / METRICS_FILE)
         OUT_DIR.mkdir(exist_ok=True)
         path = OUT_DIR / f"{name}.csv"
         with path.open("w", newline="") as f:
             csv.writer(f).writerows([COLUMNS, *out])
-        print(f"{name}: {steps} steps replayed, {compared} metrics rows identical to the run's; {len(out)} "
-              f"measurements in {path}")
+        command = f"python tools/replay_g_terms.py {name} --epochs {args.epochs:g} --every {args.every}"
+        record = {"run": name, "steps": steps, **comparison, "command": command, "code": code_version(),
+                  "cpu_model": cpu_model()}
+        (OUT_DIR / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"{name}: {steps} steps replayed; {comparison['rows_identical']} of {comparison['rows_compared']} "
+              f"metrics rows identical to the run's; {len(out)} measurements in {path}")
     return 0
 
 
