@@ -4,7 +4,6 @@ beside the estimate, its plumbing through make_evaluator, and the evaluation's H
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
