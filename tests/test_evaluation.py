@@ -102,3 +102,23 @@ def test_an_evaluation_of_n_examples_scores_the_first_n_images():
     every_one = evaluation.make_evaluator(model, EvaluationConfig(num_examples=None, **protocol), HMCConfig())(images)
     assert first_two.per_example.shape == (2,) and every_one.per_example.shape == (5,)
     np.testing.assert_allclose(first_two.per_example, every_one.per_example[:2], rtol=1e-6)
+
+
+def test_an_evaluation_takes_done_batches_of_the_right_length_as_they_are_and_recomputes_the_others():
+    # How a killed final evaluation resumes: done[k] is kept when its length is the batch's, whatever its
+    # values; a batch stored with another length (shorter or longer) is computed again and handed to on_batch.
+    from vcd_helpers.config import EvaluationConfig, HMCConfig
+    from vcd_helpers.config import ModelConfig
+    from vcd_helpers.model import VAE
+
+    images = (np.random.default_rng(0).random([6, 784]) < 0.2).astype(np.float32)
+    model = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    evaluate = evaluation.make_evaluator(model, EvaluationConfig(batch_size=2, num_samples=4, chunk_size=4,
+                                                                 proposal="encoder"), HMCConfig())
+    fresh = evaluate(images, 3).per_example
+    handed = []
+    done = {0: np.full(2, 7.0, np.float32), 1: np.zeros(1, np.float32), 2: np.zeros(3, np.float32)}
+    resumed = evaluate(images, 3, done=done, on_batch=lambda k, values: handed.append(k)).per_example
+    assert handed == [1, 2]
+    np.testing.assert_array_equal(resumed[:2], [7.0, 7.0])
+    np.testing.assert_allclose(resumed[2:], fresh[2:], rtol=1e-6)

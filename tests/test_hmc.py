@@ -266,3 +266,12 @@ def test_a_sharded_target_of_a_batch_unknown_when_tracing_is_the_plain_target():
     data = tf.reshape(tf.range(20.0), [10, 2])
     np.testing.assert_array_equal(evaluate(data, tf.ones([10, 3])), 3.0 + data[:, 0])
     assert calls == [None]  # one evaluation of the whole (unknown) batch
+
+
+def test_trace_posterior_takes_its_settings_by_name_only():
+    # Keyword-only, so that a call cannot swap num_iterations and num_leapfrog_steps unnoticed.
+    from vcd_helpers.config import ModelConfig
+
+    model = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    with pytest.raises(TypeError):
+        trace_posterior(model, tf.zeros([2, 784]), 2, 1, 0.1)

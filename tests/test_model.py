@@ -131,3 +131,23 @@ def test_the_precision_reaches_every_network_and_bad_values_are_named():
         assert 0 < np.max(np.abs(reduced_part - full_part)) < 0.05 * np.max(np.abs(full_part)) + 0.05
     with pytest.raises(ValueError, match="precision='float16' is invalid: must be one of float32, bfloat16"):
         model.log_joint(x, z, "float16")
+
+
+def test_vae_devices_takes_encoder_and_decoder_and_refuses_any_other_key():
+    from vcd_helpers.config import ModelConfig
+
+    config = ModelConfig(hidden_units=8, latent_dim=2)
+    placed = VAE(config, devices={"encoder": "/CPU:0", "decoder": "/CPU:0"})
+    assert placed.decoder.net.weights[0].device.endswith("CPU:0")
+    with pytest.raises(ValueError, match=r"devices has keys \['gpu'\]"):
+        VAE(config, devices={"encoder": "/CPU:0", "gpu": "/CPU:0"})
+
+
+def test_an_mlp_of_one_size_has_no_layer_and_is_the_identity():
+    from vcd_helpers.model import MLP
+
+    x = tf.reshape(tf.range(6.0), [2, 3])
+    mlp = MLP([3], seed=0)
+    assert mlp.weights == [] and mlp.biases == []
+    np.testing.assert_array_equal(mlp(x), x)
+    assert MLP([3, 0], seed=0)(x).shape == (2, 0)  # one layer, no hidden width used, even of width 0

@@ -58,3 +58,13 @@ def test_slots_are_not_trainable_and_live_where_they_are_told():
     assert {id(v) for v in beside.trainable_variables} == {id(w) for w in weights}  # the weights alone
     assert all(slot.device.endswith("CPU:0") for slot in beside.mean_squares)
     assert all(slot.device.endswith("CPU:1") for slot in offloaded.mean_squares)
+
+
+def test_the_mean_square_takes_one_minus_rms_decay_of_the_new_square_for_any_decay():
+    # rms_decay = 0.9 cannot tell (1 - rho) from other expressions equal to 0.1 there (1 % 0.9); 0.3 can.
+    theta = tf.Variable([1.0])
+    opt = ReferenceRMSProp([theta], learning_rate=0.1, decay_steps=10, rms_decay=0.3, initial_mean_square=0.5)
+    opt.apply_gradients([tf.constant([2.0])], step=tf.constant(0))
+    ms = 0.3 * 0.5 + 0.7 * 4.0
+    np.testing.assert_allclose(opt.mean_squares[0].numpy(), [ms], rtol=1e-6)
+    np.testing.assert_allclose(theta.numpy(), [1.0 - 0.1 * 2.0 / (1 + np.sqrt(ms))], rtol=1e-6)

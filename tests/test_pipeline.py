@@ -317,3 +317,14 @@ def test_bad_emulation_input_is_a_clear_error(args, message):
         pipeline.in_flight_formula("grouped", 3, 0)
     with pytest.raises(ValueError, match="num_stages=0"):
         pipeline.bubble_fraction(0, 4)
+
+
+def test_max_relative_error_is_the_worst_tensors_largest_difference_over_its_largest_expected_magnitude():
+    from vcd_helpers.training import VCDEstimate
+
+    def estimate(**gradients):
+        return VCDEstimate(gradients, *[None] * 5)
+
+    expected = estimate(a=[tf.constant([2.0, -4.0]), tf.constant([0.5])], b=[tf.constant([[1.0, 3.0]])])
+    actual = estimate(a=[tf.constant([2.5, -4.0]), tf.constant([0.5])], b=[tf.constant([[1.0, 2.4]])])
+    assert max_relative_error(expected, actual) == pytest.approx(0.6 / 3.0)

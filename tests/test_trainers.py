@@ -261,3 +261,38 @@ def test_g_terms_are_the_terms_of_the_steps_g_and_change_no_state():
     assert np.all(terms.quadratic > 0) and terms.scale.shape == (8, 3)
     np.testing.assert_array_equal(terms.scale, trainer.model.encoder(x)[1])
     assert (int(trainer.step), float(trainer.step_size)) == (step, step_size)
+
+
+def test_the_trainers_take_model_and_config_by_name_and_jit_compile_by_name_only():
+    from vcd_helpers.model import VAE
+    from vcd_helpers.training import VAETrainer, VCDTrainer
+
+    config = load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2})
+    model = VAE(config.model, seed=0)
+    assert VAETrainer(model=model, config=config).jit_compile is False
+    with pytest.raises(TypeError):
+        VAETrainer(model, config, True)
+    vcd = config.replace(method="vcd")
+    assert VCDTrainer(model=model, config=vcd, chain_shards=1).chain_shards == 1
+    with pytest.raises(TypeError):
+        VCDTrainer(model, vcd, False)
+
+
+def test_fit_runs_a_plain_trainer_one_python_batch_per_call():
+    # A plain trainer's steps_per_call is 1: fit then takes one (index, x) from any Python iterator per step
+    # (k > 1 would need a tf.data iterator).
+    from vcd_helpers.loops import fit
+
+    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2}),
+                            jit_compile=False)
+    batches = iter([(INDEX, _batch(seed=s)) for s in range(3)])
+    history = fit(trainer, batches, 3, progress=False)
+    assert next(batches, None) is None and int(trainer.step) == 3 and len(history["loss"]) == 3
+
+
+def test_accumulate_gradients_takes_the_micro_batch_size_by_name_only():
+    from vcd_helpers.training import accumulate_gradients
+
+    trainer = _vcd_trainer()
+    with pytest.raises(TypeError):
+        accumulate_gradients(trainer, _batch(), tf.zeros([8]), tf.constant([1, 2]), 4)
