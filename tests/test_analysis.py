@@ -36,7 +36,7 @@ def test_pairing_removes_the_spread_shared_by_both_runs():
 def test_a_finished_run_reads_back_with_its_curve_and_estimates(tmp_path):
     config = load_config("tiny", train_examples=500, steps=20, checkpoint_every_steps=10, curve_every_epochs=1,
                          control_variate={"kind": "local"}, evaluation={"num_examples": 12})
-    train_run(config, tmp_path / "run", progress=False, jit_compile=False)
+    train_run(config.replace(execution={"jit_compile": False}), tmp_path / "run", progress=False)
     run = analysis.load_run(tmp_path / "run")
     assert run.epochs == 2 and list(run.curve["step"]) == [10, 20] and run.per_example.shape == (12,)
     assert run.evaluation()["per_example"].shape == (12,) and run.local_baseline().shape == (500,)

@@ -198,7 +198,7 @@ def _trainer_case(mode: str) -> np.ndarray:
     config = load_config("tiny", model={"hidden_units": 16, "latent_dim": 3},
                          hmc={"initial_step_size": 0.5, "adaptation_rate": 0.3})
     jit, shards = {"eager": (False, 1), "function": (False, 2), "xla": (True, 2)}[mode]
-    trainer = build_trainer(config, jit_compile=jit, chain_shards=shards)
+    trainer = build_trainer(config.replace(execution={"jit_compile": jit, "chain_shards": shards}))
     step = trainer.train_step.python_function if mode == "eager" else trainer.train_step
     x = tf.constant(IMAGES[:2])
     metrics = [step(tf.constant([5, 9]), x) for _ in range(2)]

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 from vcd_helpers import distributed, pipeline
-from vcd_helpers.config import load_config
+from vcd_helpers.config import PipelineConfig, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.pipeline import PipelineConfig, Task
+from vcd_helpers.pipeline import Task
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.loops import fit
 from vcd_helpers.training import accumulate_gradients, max_relative_error
@@ -39,7 +39,7 @@ def plain_sum(batch):
     micro-batches of 8 (``accumulate_gradients``), with its baseline and seed; computed once."""
     config, _, x = batch
     baseline, seed = 100.0 * tf.random.stateless_normal([24], seed=[3, 3]), tf.constant([5, 6])
-    plain = build_trainer(config, jit_compile=False)
+    plain = build_trainer(config.replace(execution={"jit_compile": False}))
     return baseline, seed, tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()
 
 
@@ -72,7 +72,7 @@ def test_execution_order_respects_data_and_device_order(schedule):
     (dict(schedule="round_robin"), "schedule='round_robin' is invalid: must be one of sequential, grouped"),
     (dict(schedule="interleaved", gradient_accumulation=2), "needs at least 3 micro-batches"),
     (dict(micro_batch_size=0), "micro_batch_size=0 is invalid: must be a positive integer"),
-    (dict(device_iterations=1.5), "device_iterations=1.5 is invalid"),
+    (dict(gradient_accumulation=1.5), "gradient_accumulation=1.5 is invalid"),
     (dict(devices=("/CPU:0",)), "give one device per stage"),
 ])
 def test_bad_pipeline_configs_are_clear_errors(overrides, message):
@@ -82,30 +82,32 @@ def test_bad_pipeline_configs_are_clear_errors(overrides, message):
 
 def test_pipeline_must_see_the_configured_batch_on_existing_devices(batch):
     config, _, _ = batch
-    with pytest.raises(ValueError, match="8 x 4 = 32 does not match config.batch_size=24"):
-        build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=4))
+    with pytest.raises(ValueError, match="micro_batch_size x gradient_accumulation = 32 must equal batch_size=24"):
+        config.replace(execution={"pipeline": PipelineConfig(micro_batch_size=8, gradient_accumulation=4)})
     with pytest.raises(ValueError, match=r"devices \['/CPU:9'\] do not exist here"):
-        build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
-                                                       devices=("/CPU:1", "/CPU:2", "/CPU:9")))
+        build_trainer(config.replace(execution={"pipeline": PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
+                                                       devices=("/CPU:1", "/CPU:2", "/CPU:9"))}))
 
 
 def test_one_factory_builds_every_execution_and_says_what_xla_compiles(batch):
     config, _, _ = batch
     plain = build_trainer(config)
     assert type(plain).__name__ == "VCDTrainer" and plain.jit_compile and plain.steps_per_call == 1
-    vae = build_trainer(config.replace(method="vae"), jit_compile=False)
+    vae = build_trainer(config.replace(method="vae", execution={"jit_compile": False}))
     assert type(vae).__name__ == "VAETrainer" and not vae.jit_compile
-    piped = build_trainer(config, execution=PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
-                                                           device_iterations=5))
+    piped = build_trainer(config.replace(execution={
+        "pipeline": PipelineConfig(micro_batch_size=8, gradient_accumulation=3), "steps_per_call": 5}))
     assert type(piped).__name__ == "PipelinedVCDTrainer" and piped.jit_compile and piped.steps_per_call == 5
-    strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES[:2]))
-    replicated = build_trainer(config, execution=strategy)
+    mirrored = {"strategy": "mirrored", "replicas": 2, "devices": STAGE_DEVICES[:2]}
+    replicated = build_trainer(config.replace(execution=mirrored))
     assert type(replicated).__name__ == "ReplicatedVCDTrainer" and not replicated.jit_compile
-    with pytest.raises(ValueError, match="jit_compile=True is invalid with a distribution strategy"):
-        build_trainer(config, execution=strategy, jit_compile=True)
-    with pytest.raises(ValueError, match="method='vae' is invalid with a pipelined execution"):
-        build_trainer(config.replace(method="vae"), execution=PipelineConfig(micro_batch_size=8,
-                                                                             gradient_accumulation=3))
+    assert replicated.strategy is distributed.strategy_for(replicated.config.execution)  # made once per process
+    # The model too is made under the strategy's scope: every weight mirrored on the replicas.
+    assert all(isinstance(v, tf.distribute.DistributedValues) for v in replicated.model.variables)
+    with pytest.raises(ValueError, match="execution.jit_compile=True is invalid: a step under a distribution strategy"):
+        config.replace(execution=mirrored | {"jit_compile": True})
+    with pytest.raises(ValueError, match="only VCD's step is pipelined or replicated, not method='vae'"):
+        config.replace(method="vae", execution={"pipeline": PipelineConfig(micro_batch_size=8, gradient_accumulation=3)})
 
 
 def test_batch_sizes_multiply():
@@ -118,9 +120,9 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
                                                                                 recompute):
     config, _, x = batch
     baseline, seed, expected = plain_sum
-    trainer = build_trainer(config, jit_compile=False, execution=PipelineConfig(
+    trainer = build_trainer(config.replace(execution={"pipeline": PipelineConfig(
         schedule=schedule, micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES,
-        recompute_encoder=recompute))
+        recompute_encoder=recompute), "jit_compile": False}))
     actual, times = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
     assert max_relative_error(expected, actual) < 1e-4
     np.testing.assert_allclose(actual.encoder_loss, expected.encoder_loss, rtol=1e-5)
@@ -133,11 +135,11 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
 def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch, plain_sum):
     config, _, x = batch
     baseline, seed, float32_sum = plain_sum
-    plain = build_trainer(config.replace(precision="bfloat16"), jit_compile=False)
+    plain = build_trainer(config.replace(precision="bfloat16", execution={"jit_compile": False}))
     estimates = {"float32": float32_sum,
                  "bfloat16": tf.function(lambda: accumulate_gradients(plain, x, baseline, seed, micro_batch_size=8))()}
-    trainer = build_trainer(config.replace(precision="bfloat16"), jit_compile=False, execution=PipelineConfig(
-        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES))
+    trainer = build_trainer(config.replace(precision="bfloat16", execution={"pipeline": PipelineConfig(
+        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES), "jit_compile": False}))
     actual, _ = tf.function(lambda: trainer.estimate_gradients_pipelined(x, baseline, seed))()
     assert max_relative_error(estimates["bfloat16"], actual) < 1e-4
     assert max_relative_error(estimates["float32"], actual) > 1e-3
@@ -145,7 +147,7 @@ def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(
 
 def test_one_micro_batch_is_the_plain_estimator(batch):
     config, _, x = batch
-    plain = build_trainer(config, jit_compile=False)
+    plain = build_trainer(config.replace(execution={"jit_compile": False}))
     seed = tf.constant([1, 2])
     single = tf.function(lambda: plain.estimate_gradients(x, tf.zeros([24]), tf.random.experimental.stateless_fold_in(seed, 0)))()
     accumulated = tf.function(lambda: accumulate_gradients(plain, x, tf.zeros([24]), seed, micro_batch_size=24))()
@@ -154,14 +156,14 @@ def test_one_micro_batch_is_the_plain_estimator(batch):
 
 def test_pipelined_training_step_runs_in_the_loop_and_records_a_timeline(batch):
     config, _, _ = batch
-    trainer = build_trainer(config, jit_compile=False, execution=PipelineConfig(
-        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, device_iterations=2,
-        devices=STAGE_DEVICES, slot_device="/CPU:0"))
+    trainer = build_trainer(config.replace(execution={"pipeline": PipelineConfig(
+        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES,
+        slot_device="/CPU:0"), "jit_compile": False, "steps_per_call": 2}))
     images = load_binarized_mnist("train")[:240]
     seen = []
     assert fit(trainer, indexed_batches(images, 24, seed=0), 4, progress=False,
                on_step=lambda step, metrics: seen.append((int(trainer.step.numpy()), metrics["encoder_loss"]))) == {}
-    assert [counter for counter, _ in seen] == [2, 2, 4, 4]  # device_iterations=2: two steps per host call
+    assert [counter for counter, _ in seen] == [2, 2, 4, 4]  # steps_per_call=2: two steps per host call
     assert np.all(np.isfinite([loss for _, loss in seen])) and int(trainer.step.numpy()) == 4
     index, x = next(iter(indexed_batches(images, 24, seed=0)))
     _, timeline = trainer.timed_step(index, x)
@@ -174,8 +176,8 @@ def test_replicas_compute_the_same_sum_as_accumulation(batch):
     config, index, x = batch
     baseline = tf.zeros([24])
     seed = tf.constant([7, 8])
-    strategy = distributed.make_strategy("mirrored", list(STAGE_DEVICES))
-    replicated = build_trainer(config, execution=strategy)
+    replicated = build_trainer(config.replace(execution={"strategy": "mirrored", "replicas": 3,
+                                                         "devices": STAGE_DEVICES}))
     actual = tf.function(lambda: replicated.batch_estimate(x, baseline, seed))()
     expected = tf.function(lambda: accumulate_gradients(replicated, x, baseline, seed, micro_batch_size=8))()
     assert max_relative_error(expected, actual) < 1e-5
@@ -190,8 +192,12 @@ def test_bad_strategy_input_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="needs the TF_CONFIG environment variable"):
         distributed.make_strategy("multi_worker")
-    with pytest.raises(ValueError, match="replicas=2 is invalid: must be 1 without a strategy"):
-        load_config("default", replicas=2)
+    with pytest.raises(ValueError, match="execution.replicas=2 is invalid: must be 1 without a strategy"):
+        load_config("default", execution={"replicas": 2})
+    for devices in (["/CPU:1"], ["/CPU:1", "/CPU:1"]):
+        with pytest.raises(ValueError, match=r"execution.devices=\('/CPU:1',.*\) is invalid: names one distinct device "
+                                             "per replica of the mirrored strategy \(here 2\)"):
+            load_config("default", batch_size=128, execution={"strategy": "mirrored", "replicas": 2, "devices": devices})
 
 
 # The training command with two workers over loopback (MultiWorkerMirroredStrategy, all-reducing over

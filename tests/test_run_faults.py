@@ -45,7 +45,7 @@ def config_file(tmp_path_factory) -> Path:
 def finished(tmp_path_factory, config_file) -> tuple[Path, dict]:
     """A finished small run (40 steps, checkpoints at 20 and 40) and its results."""
     directory = tmp_path_factory.mktemp("finished") / "run"
-    return directory, train_run(load_config(config_file), directory, progress=False, jit_compile=False)
+    return directory, train_run(load_config(config_file, execution={"jit_compile": False}), directory, progress=False)
 
 
 def _copy(finished, tmp_path) -> Path:
@@ -87,7 +87,7 @@ def test_a_stale_lock_left_by_a_killed_process_does_not_block(tmp_path, finished
 def test_a_damaged_results_file_is_rewritten_by_evaluating_again(tmp_path, finished, damage, capsys):
     run = _copy(finished, tmp_path)
     (run / "results.json").write_bytes(damage)
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert "is damaged; evaluating the finished run again" in capsys.readouterr().err
     _same_numbers(results, finished[1])
     assert results["steady_ms_per_step"] is not None and results["final_metrics"]
@@ -127,7 +127,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, fi
     else:
         raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(b ^ 0xFF for b in raw[len(raw) // 2: len(raw) // 2 + 64])
     data_file.write_bytes(bytes(raw))
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert "checkpoint ckpt-40" in capsys.readouterr().err and "resuming from ckpt-20" in results["warnings"][0]
     assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 20
     _same_numbers(results, finished[1])
@@ -137,7 +137,7 @@ def test_checkpoints_are_found_without_their_index(tmp_path, finished):
     run = _copy(finished, tmp_path)
     _unfinish(run)
     (run / "checkpoints" / "checkpoint").unlink()
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 40
     _same_numbers(results, finished[1])
 
@@ -147,7 +147,7 @@ def test_a_garbled_checkpoint_index_is_rewritten_from_the_checkpoints(tmp_path, 
     run = _copy(finished, tmp_path)
     _unfinish(run)
     (run / "checkpoints" / "checkpoint").write_bytes(b"\xc2\x00x")
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert any("checkpoint was damaged" in w and "rewritten from the 2 checkpoint file(s)" in w
                for w in results["warnings"]), results["warnings"]
     assert json.loads((run / "launches.jsonl").read_text().splitlines()[-1])["start_step"] == 40
@@ -223,7 +223,7 @@ def test_workers_launched_together_wait_a_minute_for_each_other(tmp_path, monkey
 # 6. the strategy belongs to the run's identity ---------------------------------------------------
 
 def test_resuming_with_another_strategy_is_refused(tmp_path, config_file, capsys):
-    RunDirectory(tmp_path / "run").claim(load_config(config_file, strategy="mirrored", replicas=2))
+    RunDirectory(tmp_path / "run").claim(load_config(config_file, execution={"strategy": "mirrored", "replicas": 2}))
     assert _train(config_file, tmp_path / "run", "--strategy", "none") == 2
     err = capsys.readouterr().err
     assert "replicas: 2 in the directory, 1 requested" in err and "strategy: 'mirrored' in the directory" in err
@@ -336,7 +336,7 @@ def test_malformed_tf_config_names_the_variable(tmp_path, config_file, capsys, m
 
 @pytest.mark.parametrize("options, message", [
     (["--strategy", "mirrored", "--replicas", "0"], "replicas=0 is invalid: must be a positive integer"),
-    (["--steps-per-call", "0"], "--steps-per-call 0 is invalid"),
+    (["--steps-per-call", "0"], "execution.steps_per_call=0 is invalid: must be a positive integer"),
     (["--steps-per-call", "7"], "steps_per_call=7 is invalid: must divide log_every_steps=10"),
     (["--eval-examples", "1000000000"], "evaluation.num_examples=1000000000 is invalid: the test split has 10000"),
 ])
@@ -396,7 +396,7 @@ def test_a_deleted_metrics_file_is_reported(tmp_path, finished):
     run = _copy(finished, tmp_path)
     _unfinish(run)
     (run / "metrics.csv").unlink()
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert any("metrics.csv was missing: its rows up to step 40 are lost" in w for w in results["warnings"])
 
 
@@ -408,7 +408,7 @@ def test_metrics_rows_lost_before_the_checkpoint_are_reported(tmp_path, finished
     _unfinish(run)
     lines = (run / "metrics.csv").read_text().splitlines()
     (run / "metrics.csv").write_text("\n".join(lines[: 1 + kept_rows]) + "\n")
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     expected = f"metrics.csv holds {kept_rows} of its {len(lines) - 1} row(s) up to step 40: the others are lost"
     assert any(expected in warning for warning in results["warnings"]), results["warnings"]
 
@@ -423,7 +423,7 @@ def test_an_infinite_spread_is_written_as_valid_json():
 def test_a_run_that_diverges_without_nan_is_flagged(tmp_path, config_file):
     # Learning rate 30 throws the weights far out: the losses reach ~1e18 without becoming NaN.
     config = load_config(config_file, optimizer={"learning_rate": 30.0})
-    results = train_run(config, tmp_path / "run", progress=False, jit_compile=False)
+    results = train_run(config.replace(execution={"jit_compile": False}), tmp_path / "run", progress=False)
     assert results["final_metrics"]["decoder_loss"] > 1e6
     assert any(w.startswith("the run diverged: its final decoder_loss is") for w in results["warnings"])
     assert results["warnings"] == json.loads((tmp_path / "run" / "results.json").read_text())["warnings"]
@@ -443,7 +443,7 @@ def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tampe
         assert fields[0] == "30"
         fields[3] = repr(float(fields[3]) * 1.001)
         (run / "metrics.csv").write_text("\n".join([*lines[:3], ",".join(fields), *lines[4:]]) + "\n")
-    train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     check = json.loads((run / "resume_checks.jsonl").read_text().splitlines()[-1])
     assert check["resumed_from"] == 20 and check["rows_compared"] == 2
     err = capsys.readouterr().err
@@ -502,7 +502,7 @@ def test_a_damaged_launch_record_never_stops_a_run_from_finishing(tmp_path, fini
     intact = (run / "launches.jsonl").read_text().splitlines()
     with open(run / "launches.jsonl", "ab") as f:
         f.write(b'{"t": "2\n\xff\xfe garbage\n[1, 2]\n')  # cut short; not UTF-8; not a record
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     _same_numbers(results, finished[1])
     first = len(intact) + 1
     damaged = f"line(s) {first}, {first + 1}, {first + 2} damaged and skipped"
@@ -518,7 +518,7 @@ def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finish
         raise OSError("the disk went away")
     monkeypatch.setattr(run_training, "read_metrics", lost_disk)  # read after the evaluation, before results.json
     with pytest.raises(OSError, match="the disk went away"):
-        train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+        train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     monkeypatch.undo()
     assert sorted(path.name for path in (run / "partial").glob("*/batch-*.npz")), "the evaluation's batches were lost"
 
@@ -530,7 +530,7 @@ def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finish
             return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
         return counted
     monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert computed == []  # every batch came from the saved ones
     _same_numbers(results, finished[1])
     assert not (run / "partial").exists()  # discarded once results.json was written
@@ -572,7 +572,7 @@ def curved(tmp_path_factory, config_file) -> Path:
     """A finished small run with a learning curve row every epoch (steps 20 and 40)."""
     directory = tmp_path_factory.mktemp("curved") / "run"
     config = load_config(config_file).replace(curve_every_epochs=1.0)
-    train_run(config, directory, progress=False, jit_compile=False)
+    train_run(config.replace(execution={"jit_compile": False}), directory, progress=False)
     return directory
 
 
@@ -707,7 +707,7 @@ def test_curve_rows_and_launch_records_lost_before_the_checkpoint_are_reported(t
     run = _resumable_from_20(curved, tmp_path)
     _damage(run / "learning_curve.csv", "header only")
     _damage(run / "launches.jsonl", "emptied")
-    results = train_run(load_config(run / "config.json"), run, progress=False, jit_compile=False)
+    results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     for lost in ("learning_curve.csv holds 0 of its 1 row(s) up to step 20: the others are lost",
                  "launches.jsonl holds no record of the process(es) that trained steps up to 20"):
         assert any(lost in warning for warning in results["warnings"]), results["warnings"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers.config import load_config
+from vcd_helpers.config import Config, load_config
 from vcd_helpers.hmc import value_and_gradient
 from vcd_helpers.objectives import elbo
 from vcd_helpers.seeds import fold_in
@@ -30,7 +30,7 @@ def _mean_elbo(model, x, draws=16):
 
 @pytest.fixture(scope="module")
 def vae_trainer():
-    return build_trainer(load_config("tiny", method="vae", model={"hidden_units": 32}), jit_compile=False)
+    return build_trainer(load_config("tiny", method="vae", model={"hidden_units": 32}, execution={"jit_compile": False}))
 
 
 def test_the_vae_reports_minus_the_elbo_of_its_step(vae_trainer):
@@ -58,7 +58,7 @@ def _vcd_trainer(**hmc):
     # A small model; a large step size and a fast adaptation, so that the chain's step size moves far.
     config = load_config("tiny", model={"hidden_units": 16, "latent_dim": 3},
                          hmc={"initial_step_size": 0.5, "adaptation_rate": 0.3} | hmc)
-    return build_trainer(config, jit_compile=False)
+    return build_trainer(config.replace(execution={"jit_compile": False}))
 
 
 def _record_chains(trainer):
@@ -120,15 +120,13 @@ def test_the_step_chain_starts_at_the_encoder_sample_z0():
 def test_a_bfloat16_step_multiplies_in_bfloat16_and_the_model_stays_float32():
     # config.precision reaches the chain and the losses of the traced step; the model's own calls
     # (evaluation's) stay float32.
-    trainer = build_trainer(load_config("tiny", model={"hidden_units": 16, "latent_dim": 3}, precision="bfloat16"),
-                            jit_compile=False)
+    trainer = build_trainer(load_config("tiny", model={"hidden_units": 16, "latent_dim": 3}, precision="bfloat16", execution={"jit_compile": False}))
     model, x, seed = trainer.model, _batch(), tf.constant([7, 11])
     _, (start, chain) = _eager_estimate(trainer, x, tf.zeros([8]), seed)
     reduced, full = model.log_joint(x, start, "bfloat16"), model.log_joint(x, start)
     assert np.max(np.abs(reduced - full)) > 1e-3
     np.testing.assert_allclose(chain.initial_log_prob, reduced, rtol=1e-6)
-    vae = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16}, precision="bfloat16"),
-                        jit_compile=False)
+    vae = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16}, precision="bfloat16", execution={"jit_compile": False}))
     before = {p: -float(tf.reduce_mean(elbo(vae.model, x, fold_in(vae.seed, vae.step), p))) for p in ("float32", "bfloat16")}
     assert abs(before["bfloat16"] - before["float32"]) > 1e-2, before
     np.testing.assert_allclose(float(vae._train_step(INDEX, x)["loss"]), before["bfloat16"], rtol=1e-6)
@@ -186,17 +184,18 @@ def test_the_encoder_gradient_is_the_estimators_closed_form():
 # build_trainer: which trainer each execution and method gets, and what it refuses --------------
 
 def test_each_execution_and_method_gets_its_trainer():
-    from vcd_helpers.pipeline import PipelineConfig, PipelinedVCDTrainer
+    from vcd_helpers.config import PipelineConfig
+    from vcd_helpers.pipeline import PipelinedVCDTrainer
     from vcd_helpers.training import VAETrainer, VCDTrainer
-    from vcd_helpers.trainers import execution_name
 
     small = {"model": {"hidden_units": 16, "latent_dim": 3}}
     vae, vcd = load_config("tiny", method="vae", **small), load_config("tiny", **small)
     pipeline = PipelineConfig(micro_batch_size=10, gradient_accumulation=5)
-    assert [execution_name(e) for e in (None, pipeline, tf.distribute.get_strategy())] == \
+    assert [c.execution.kind for c in (vcd, vcd.replace(execution={"pipeline": pipeline}),
+                                       vcd.replace(execution={"strategy": "mirrored", "replicas": 2}))] == \
         ["plain", "pipelined", "replicated"]
-    built = {"vae": build_trainer(vae), "vcd": build_trainer(vcd, jit_compile=False),
-             "pipelined": build_trainer(vcd, execution=pipeline)}
+    built = {"vae": build_trainer(vae), "vcd": build_trainer(vcd.replace(execution={"jit_compile": False})),
+             "pipelined": build_trainer(vcd.replace(execution={"pipeline": pipeline}))}
     assert type(built["vae"]) is VAETrainer and type(built["vcd"]) is VCDTrainer
     assert type(built["pipelined"]) is PipelinedVCDTrainer
     # None compiles whatever the execution allows; False is kept.
@@ -204,30 +203,47 @@ def test_each_execution_and_method_gets_its_trainer():
     assert built["vcd"].jit_compile is False
 
 
-@pytest.mark.parametrize("method, execution, options, named", [
-    ("vae", "plain", {"chain_shards": 2}, "chain_shards=2 is invalid with method='vae' and a plain execution"),
-    ("vcd", "pipelined", {"chain_shards": 2}, "chain_shards=2 is invalid with method='vcd' and a pipelined"),
-    ("vcd", "replicated", {"chain_shards": 1}, "chain_shards=1 is invalid with method='vcd' and a replicated"),
-    ("vae", "pipelined", {}, "method='vae' is invalid with a pipelined execution"),
-    ("vae", "replicated", {}, "method='vae' is invalid with a replicated execution"),
-    ("vcd", "replicated", {"jit_compile": True}, "jit_compile=True is invalid with a distribution strategy"),
+@pytest.mark.parametrize("method, execution, named", [
+    ("vae", {"chain_shards": 2}, "execution.chain_shards=2 is invalid: only VCD has a chain to shard, not method='vae'"),
+    ("vcd", {"pipeline": {"micro_batch_size": 25}, "chain_shards": 2}, "execution.chain_shards=2 is invalid: only plain VCD's chain is "
+                                                  "sharded, not a pipelined step's"),
+    ("vcd", {"strategy": "mirrored", "replicas": 2, "chain_shards": 1},
+     "execution.chain_shards=1 is invalid: only plain VCD's chain is sharded, not a replicated step's"),
+    ("vae", {"pipeline": {"micro_batch_size": 25}}, "execution='pipelined' is invalid: only VCD's step is pipelined or replicated, "
+                               "not method='vae'"),
+    ("vae", {"strategy": "mirrored", "replicas": 2}, "execution='replicated' is invalid: only VCD's step"),
+    ("vcd", {"strategy": "mirrored", "replicas": 2, "jit_compile": True},
+     "execution.jit_compile=True is invalid: a step under a distribution strategy is a plain tf.function"),
+    ("vcd", {"strategy": "mirrored", "replicas": 2, "pipeline": {"micro_batch_size": 25}}, "is not combined with strategy='mirrored'"),
+    ("vcd", {"jit_compile": "yes"}, "execution.jit_compile='yes' is invalid: must be true, false or null"),
+    ("vcd", {"steps_per_call": 0}, "execution.steps_per_call=0 is invalid: must be a positive integer"),
 ])
-def test_build_trainer_refuses_what_the_execution_cannot_run(method, execution, options, named):
-    from vcd_helpers.pipeline import PipelineConfig
-
-    executions = {"plain": None, "pipelined": PipelineConfig(micro_batch_size=10, gradient_accumulation=5),
-                  "replicated": tf.distribute.get_strategy()}
+def test_the_config_refuses_what_the_execution_cannot_run(method, execution, named):
     with pytest.raises(ValueError) as error:
-        build_trainer(load_config("tiny", method=method), execution=executions[execution], **options)
+        load_config("tiny", method=method, batch_size=100, execution=execution)
     assert named in str(error.value)
+
+
+def test_speed_only_execution_settings_are_no_part_of_a_runs_identity():
+    # A run may resume with other XLA, chain blocks or steps per call: they change the speed, not the numbers.
+    config = load_config("tiny")
+    fast = config.replace(execution={"jit_compile": False, "chain_shards": 3, "steps_per_call": 5})
+    assert fast != config and fast.identity() == config.identity()
+    assert "jit_compile" not in config.identity()["execution"]
+    replicated = config.replace(batch_size=100, execution={"strategy": "mirrored", "replicas": 2})
+    assert replicated.identity()["execution"] != config.replace(batch_size=100).identity()["execution"]
+    # Files written before the execution section read the same.
+    old = config.to_dict()
+    old |= {"strategy": "none", "replicas": 1}
+    del old["execution"]
+    assert Config.from_dict(old) == config
 
 
 # The step's bookkeeping ---------------------------------------------------------------------------
 
 def test_the_vae_step_counter_starts_at_zero_and_advances_once_a_step():
     # The counter seeds the step's noise (fold_in(seed, step)) and sets the learning rate.
-    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16, "latent_dim": 3}),
-                            jit_compile=False)
+    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 16, "latent_dim": 3}, execution={"jit_compile": False}))
     assert int(trainer.step) == 0
     trainer._train_step(INDEX, _batch(seed=2))
     assert int(trainer.step) == 1
@@ -263,17 +279,19 @@ def test_g_terms_are_the_terms_of_the_steps_g_and_change_no_state():
     assert (int(trainer.step), float(trainer.step_size)) == (step, step_size)
 
 
-def test_the_trainers_take_model_and_config_by_name_and_jit_compile_by_name_only():
+def test_the_trainers_take_model_and_config_and_read_the_execution_from_the_config():
     from vcd_helpers.model import VAE
     from vcd_helpers.training import VAETrainer, VCDTrainer
 
-    config = load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2})
+    config = load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2},
+                         execution={"jit_compile": False, "steps_per_call": 5})
     model = VAE(config.model, seed=0)
-    assert VAETrainer(model=model, config=config).jit_compile is False
+    vae = VAETrainer(model=model, config=config)
+    assert (vae.jit_compile, vae.steps_per_call) == (False, 5)
     with pytest.raises(TypeError):
         VAETrainer(model, config, True)
-    vcd = config.replace(method="vcd")
-    assert VCDTrainer(model=model, config=vcd, chain_shards=1).chain_shards == 1
+    vcd = config.replace(method="vcd", execution={"chain_shards": 3})
+    assert VCDTrainer(model=model, config=vcd).chain_shards == 3
     with pytest.raises(TypeError):
         VCDTrainer(model, vcd, False)
 
@@ -283,8 +301,7 @@ def test_fit_runs_a_plain_trainer_one_python_batch_per_call():
     # (k > 1 would need a tf.data iterator).
     from vcd_helpers.loops import fit
 
-    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2}),
-                            jit_compile=False)
+    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2}, execution={"jit_compile": False}))
     batches = iter([(INDEX, _batch(seed=s)) for s in range(3)])
     history = fit(trainer, batches, 3, progress=False)
     assert next(batches, None) is None and int(trainer.step) == 3 and len(history["loss"]) == 3

@@ -25,8 +25,8 @@ def _batches():
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
-    one = fit(build_trainer(CONFIG, jit_compile=jit_compile), _batches(), 23, progress=False)
-    looped = fit(build_trainer(CONFIG, jit_compile=jit_compile), _batches(), 23, steps_per_call=10, progress=False)
+    one = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, progress=False)
+    looped = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, steps_per_call=10, progress=False)
     np.testing.assert_array_equal(one["step"], np.arange(1, 24))
     for name in one:
         if name != "wall_time":
@@ -34,7 +34,7 @@ def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
 
 
 def test_outfeed_streams_every_step_to_a_reader_thread_in_order():
-    trainer = build_trainer(CONFIG, jit_compile=False)
+    trainer = build_trainer(CONFIG.replace(execution={"jit_compile": False}))
     outfeed = Outfeed(trainer.metric_names)
     loop = make_training_loop(trainer, outfeed)
     received, finished = [], threading.Event()
@@ -57,7 +57,7 @@ def test_outfeed_streams_every_step_to_a_reader_thread_in_order():
 
 def test_bad_steps_per_call_is_a_clear_error():
     with pytest.raises(ValueError, match="steps_per_call=0 is invalid"):
-        fit(build_trainer(CONFIG, jit_compile=False), _batches(), 3, steps_per_call=0, progress=False)
+        fit(build_trainer(CONFIG.replace(execution={"jit_compile": False})), _batches(), 3, steps_per_call=0, progress=False)
 
 
 def test_step_flops_of_the_default_config_is_about_4_gflop():
@@ -75,7 +75,7 @@ def test_timing_styles_run(style):
 
 
 def test_a_timed_step_is_built_once_and_every_timing_starts_from_the_initial_state():
-    reference = fit(build_trainer(CONFIG.replace(seed=7), jit_compile=False),
+    reference = fit(build_trainer(CONFIG.replace(seed=7, execution={"jit_compile": False})),
                     indexed_batches(load_binarized_mnist("train")[:1000], 20, seed=7), 3, progress=False)
     for k in (3, 1, 3):  # one trainer behind all three; none inherits what an earlier timing trained
         call, _ = bench.step_call(CONFIG, "loop", steps_per_call=k, seed=7)
@@ -114,15 +114,15 @@ def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape(monk
 
 def test_a_benchmark_row_names_the_blocks_of_its_chain_and_its_precision():
     # The TF-kernel loop: what is checked is the row's labels, which need no XLA compilation.
-    row = bench.benchmark_row(CONFIG.replace(precision="bfloat16"), steps_per_call=2, calls=1, shape_gflops=1.0,
-                              chain_shards=2, style="loop")
+    row = bench.benchmark_row(CONFIG.replace(precision="bfloat16", execution={"chain_shards": 2}), steps_per_call=2,
+                              calls=1, shape_gflops=1.0, style="loop")
     assert (row.chain_shards, row.precision) == (2, "bfloat16")
     assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0, style="loop").chain_shards == \
         devices.compute_threads()
 
 
 def test_the_step_breakdown_adds_up_to_the_step():
-    breakdown = bench.step_breakdown(CONFIG, chain_shards=2, calls=1, steps_per_call=2)
+    breakdown = bench.step_breakdown(CONFIG.replace(execution={"chain_shards": 2}), calls=1, steps_per_call=2)
     assert breakdown.chain_shards == 2
     assert sum(breakdown.parts().values()) == pytest.approx(breakdown.step)
     assert min(breakdown.step, breakdown.chain, breakdown.evaluations, breakdown.dots, breakdown.step_gflops,

@@ -147,7 +147,7 @@ def test_control_variate_values_and_updates(kind):
 
 def test_one_vcd_step_updates_every_piece_of_state():
     config = load_config("tiny", steps=2, control_variate={"kind": "local"}, train_examples=200)
-    trainer = build_trainer(config, jit_compile=False)
+    trainer = build_trainer(config.replace(execution={"jit_compile": False}))
     decoder_before = [v.numpy().copy() for v in trainer.model.decoder.trainable_variables]
     encoder_before = [v.numpy().copy() for v in trainer.model.encoder.trainable_variables]
     metrics = trainer.train_step(tf.constant([4, 7, 9]), _batch(3))
@@ -163,7 +163,7 @@ def test_a_baseline_near_g_reduces_the_estimators_variance():
     from vcd_helpers.variance import estimator_variance
 
     config = load_config("tiny")
-    trainer = build_trainer(config, jit_compile=False)
+    trainer = build_trainer(config.replace(execution={"jit_compile": False}))
     x = _batch(16)
     g = trainer.estimate_gradients(x, tf.zeros([16]), tf.constant([9, 9])).g
     none = estimator_variance(trainer, x, tf.zeros([16]), num_draws=8)
@@ -189,7 +189,7 @@ def _one_xla_step(method: str, precision: str, chain_shards: int | None = None) 
     key = (method, precision, chain_shards)
     if key not in _STEPS:
         config = load_config("tiny", method=method, steps=2, train_examples=200, precision=precision)
-        trainer = build_trainer(config, jit_compile=True, chain_shards=chain_shards)
+        trainer = build_trainer(config.replace(execution={"jit_compile": True, "chain_shards": chain_shards}))
         assert method == "vae" or trainer.chain_shards == chain_shards
         metrics = {name: float(value) for name, value in trainer.train_step(STEP_INDEX, _batch(5)).items()}
         _STEPS[key] = metrics, [v.numpy() for v in trainer.model.trainable_variables]
@@ -205,15 +205,11 @@ def test_a_sharded_chain_gives_the_same_step():
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("overrides, execution_message", [({"method": "vae"}, "method='vae'"),
-                                                           ({}, None)])
-def test_chain_shards_are_checked(overrides, execution_message):
-    config = load_config("tiny", **overrides)
-    if execution_message:
-        with pytest.raises(ValueError, match=f"chain_shards=2 is invalid with {execution_message}"):
-            build_trainer(config, chain_shards=2)
-    with pytest.raises(ValueError, match="chain_shards=0 is invalid: must be a positive integer"):
-        build_trainer(config, chain_shards=0)
+def test_chain_shards_are_checked():
+    with pytest.raises(ValueError, match="execution.chain_shards=2 is invalid: only VCD has a chain to shard"):
+        load_config("tiny", method="vae", execution={"chain_shards": 2})
+    with pytest.raises(ValueError, match="execution.chain_shards=0 is invalid: must be a positive integer"):
+        load_config("tiny", execution={"chain_shards": 0})
 
 
 @pytest.mark.parametrize("method", ["vcd", "vae"])

@@ -36,6 +36,7 @@ from vcd_helpers.devices import code_version, cpu_model
 from vcd_helpers.loops import fit
 from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
 from vcd_helpers.runs.cli import config_from_options
+from vcd_helpers.runs.logs import window_means
 from vcd_helpers.runs.plan import PLAN
 from vcd_helpers.runs.train import default_steps_per_call
 from vcd_helpers.seeds import fold_in
@@ -82,7 +83,7 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
         for n in window:
             window[n].append(metrics[n])
         if step % config.log_every_steps == 0:
-            row = [str(step), *(f"{np.mean(window[n]):.7g}" for n in trainer.metric_names)]
+            row = [str(step), *window_means(window, list(trainer.metric_names))[1]]
             for n in window:
                 window[n].clear()
             if step <= len(rows) * config.log_every_steps:

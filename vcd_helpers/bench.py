@@ -26,13 +26,13 @@ import tensorflow as tf
 
 from vcd_helpers.config import NUM_PIXELS, Config, EvaluationConfig, check_one_of, check_positive_int, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
-from vcd_helpers.devices import compute_threads, cpu_model
+from vcd_helpers.devices import cpu_model
 from vcd_helpers.evaluation import make_evaluator
 from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
 from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
-from vcd_helpers.training import Trainer
+from vcd_helpers.training import Trainer, chain_blocks
 from vcd_helpers.loops import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
@@ -98,21 +98,19 @@ def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int =
     return flops / time_calls(call, repeats=repeats).median / 1e9
 
 
-def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int = 0,
-              chain_shards: int | None = None) -> tuple[Callable[[], Any], int]:
+def step_call(config: Config, style: str, *, steps_per_call: int = 1,
+              seed: int = 0) -> tuple[Callable[[], Any], int]:
     """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module),
     taking batches from an endless pipeline. ``steps_per_call`` applies to the ``loop`` styles (the
-    others run one step per call); ``chain_shards``, to VCD's trainer (``trainers.build_trainer``;
-    None: one block per compute thread). The trainer and its compiled step are built once per
-    (config, style, seed, chain_shards) in this process (``_compiled_step``), whatever the
+    others run one step per call); the style sets ``config.execution.jit_compile``, the rest of the
+    execution section (e.g. ``chain_shards``) is the config's. The trainer and its compiled step are
+    built once per (config, style, seed) in this process (``_compiled_step``), whatever the
     ``steps_per_call`` (k is a tensor of the loop), so timing the same step again never compiles it
     again; each ``step_call`` starts it from the trainer's initial state and the first batch, so
     that no timing inherits the weights an earlier one trained (calls alive at once share them)."""
     check_one_of("style", style, STYLES)
-    if config.method == "vcd" and chain_shards is None:
-        chain_shards = compute_threads()
     k = steps_per_call if style in ("loop", "xla_loop") else 1
-    trainer, step, initial_state = _compiled_step(config, style, seed, chain_shards)
+    trainer, step, initial_state = _compiled_step(config, style, seed)
     for variable, value in zip(trainer.variables, initial_state):
         variable.assign(value)
     iterator = iter(indexed_batches(load_binarized_mnist("train")[: config.train_examples], config.batch_size, seed))
@@ -123,12 +121,11 @@ def step_call(config: Config, style: str, *, steps_per_call: int = 1, seed: int 
 
 
 @functools.cache
-def _compiled_step(config: Config, style: str, seed: int,
-                   chain_shards: int | None) -> tuple[Trainer, Callable[..., Any], list[np.ndarray]]:
+def _compiled_step(config: Config, style: str, seed: int) -> tuple[Trainer, Callable[..., Any], list[np.ndarray]]:
     """The trainer built for these arguments, its step in ``style`` (``loop(iterator, k)`` for the
     ``loop`` styles, else ``step(index, x)``) and the trainer's initial state; cached, so that each
     is traced and compiled once per process."""
-    trainer = build_trainer(config.replace(seed=seed), jit_compile=style.startswith("xla"), chain_shards=chain_shards)
+    trainer = build_trainer(config.replace(seed=seed, execution={"jit_compile": style.startswith("xla")}))
     if style in ("loop", "xla_loop"):
         step = make_training_loop(trainer)
     else:
@@ -172,23 +169,20 @@ def decoder_layer_gflops(config: Config) -> float:
 
 
 def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5, style: str = "xla_loop",
-                  shape_gflops: float | None = None, chain_shards: int | None = None) -> BenchmarkRow:
+                  shape_gflops: float | None = None) -> BenchmarkRow:
     """Time ``config``'s step as the training command runs it (XLA, in-graph loop; VCD's chain in
-    ``chain_shards`` blocks, by default one per compute thread), derive examples/s and GFLOP/s,
-    and set them against the matmul rate at the step's own shape (``decoder_layer_gflops``,
-    measured unless given)."""
-    if config.method == "vcd" and chain_shards is None:
-        chain_shards = compute_threads()
-    call, k = step_call(config, style, steps_per_call=steps_per_call, chain_shards=chain_shards)
+    ``config.execution.chain_shards`` blocks, by default one per compute thread), derive examples/s
+    and GFLOP/s, and set them against the matmul rate at the step's own shape
+    (``decoder_layer_gflops``, measured unless given)."""
+    call, k = step_call(config, style, steps_per_call=steps_per_call)
     timed = time_calls(call, repeats=calls, units=k)
-    return row_from_timing(config, timed, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops,
-                           chain_shards=chain_shards)
+    return row_from_timing(config, timed, decoder_layer_gflops(config) if shape_gflops is None else shape_gflops)
 
 
-def row_from_timing(config: Config, timed: Timing, shape_gflops: float, *,
-                    chain_shards: int | None = None) -> BenchmarkRow:
+def row_from_timing(config: Config, timed: Timing, shape_gflops: float) -> BenchmarkRow:
     """The benchmark row of ``config``'s step timed as ``timed`` (per step), against the matmul
     rate ``shape_gflops`` at the step's widest multiply."""
+    chain_shards = chain_blocks(config.execution) if config.method == "vcd" else None
     flops, ms = step_flops(config), timed.median_ms
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
                         flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9),
@@ -202,11 +196,12 @@ def run_benchmark(config_names: list[str], batch_sizes: list[int], *, steps_per_
     precisions of one preset and batch size are timed one after the other). Speed does not depend
     on the learning rate, so every batch size (tuned or not) runs at the preset's batch-100 rate.
     The matmul rate at each batch size's shape is measured once and shared by the presets."""
-    configs = [load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4}, precision=precision)
+    configs = [load_config(name, batch_size=batch_size, optimizer={"learning_rate": 5e-4}, precision=precision,
+                           execution={"chain_shards": chain_shards})
                for name in config_names for batch_size in batch_sizes for precision in precisions]
     rates = {c.batch_size: decoder_layer_gflops(c) for c in configs}
-    return [benchmark_row(c, steps_per_call=steps_per_call, calls=calls, shape_gflops=rates[c.batch_size],
-                          chain_shards=chain_shards) for c in configs]
+    return [benchmark_row(c, steps_per_call=steps_per_call, calls=calls, shape_gflops=rates[c.batch_size])
+            for c in configs]
 
 
 def machine_header(matmul_rate: float) -> list[str]:
@@ -302,16 +297,15 @@ def _decoder_dots(weights: list[tf.Tensor], z: tf.Tensor) -> tf.Tensor:
     return h
 
 
-def step_breakdown(config: Config, *, chain_shards: int | None = None, calls: int = 11,
-                   steps_per_call: int = 10, seed: int = 0) -> StepBreakdown:
+def step_breakdown(config: Config, *, calls: int = 11, steps_per_call: int = 10, seed: int = 0) -> StepBreakdown:
     """Time a VCD step of ``config`` and its parts alternately (see ``StepBreakdown``), with the
-    chain in ``chain_shards`` blocks (default: one per compute thread). Each part is compiled by
-    XLA, as in the training step. Raises ValueError for the VAE (no chain)."""
+    chain in ``config.execution.chain_shards`` blocks (default: one per compute thread). Each part
+    is compiled by XLA, as in the training step. Raises ValueError for the VAE (no chain)."""
     if config.method != "vcd":
         raise ValueError(f"method={config.method!r} is invalid: only VCD's step has a chain to break down")
-    chain_shards = compute_threads() if chain_shards is None else chain_shards
-    step, k = step_call(config, "xla_loop", steps_per_call=steps_per_call, seed=seed, chain_shards=chain_shards)
-    trainer = build_trainer(config.replace(seed=seed), chain_shards=chain_shards)
+    step, k = step_call(config, "xla_loop", steps_per_call=steps_per_call, seed=seed)
+    trainer = build_trainer(config.replace(seed=seed))
+    chain_shards = trainer.chain_shards
     x = tf.constant(load_binarized_mnist("train")[: config.batch_size], tf.float32)
     loc, scale = trainer.model.encoder(x)
     z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=[seed, 1])

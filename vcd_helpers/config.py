@@ -41,6 +41,10 @@ PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
 EVAL_SPLITS = ("valid", "test")
 #: How a VCD step is spread over devices: one device, mirrored replicas, or one process per worker.
 STRATEGIES = ("none", "mirrored", "multi_worker")
+#: The pipelined step's stages (one device each) and the orders it can run their tasks in.
+STAGE_NAMES = ("encoder", "hmc", "decoder")
+NUM_STAGES = len(STAGE_NAMES)
+SCHEDULES = ("sequential", "grouped", "interleaved")
 #: What the networks' matrix multiplies take as operands in a training step (``model.matmul``):
 #: float32, or bfloat16 operands whose products are summed in float32. Everything else stays float32.
 PRECISIONS = ("float32", "bfloat16")
@@ -203,8 +207,124 @@ class EvaluationConfig:
 #: subset of 1,000 images with 2,000 samples each (the final evaluation uses all 10,000 and 20,000).
 CURVE_EVALUATION = EvaluationConfig(num_examples=1000, num_samples=2000)
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How a VCD step is pipelined over three devices (``pipeline.PipelinedVCDTrainer``).
+
+    schedule: 'sequential' (one task at a time, in micro-batch order: sharded execution, for
+      debugging), 'grouped' (each device runs all its forwards, then all its backwards) or
+      'interleaved' (one forward, one backward: 1F1B).
+    micro_batch_size x gradient_accumulation must equal the Config's batch_size: the optimiser
+      step sees the same batch as without pipelining.
+    devices: one device name per stage, or () to leave placement to TensorFlow.
+    recompute_encoder: keep only the encoder's input from forward to backward and recompute its
+      activations in the backward task (``tf.recompute_grad``).
+    slot_device: where the optimiser slots live (None: beside their weights).
+    """
+
+    schedule: str = "interleaved"
+    micro_batch_size: int = 25
+    gradient_accumulation: int = 4
+    devices: tuple[str, ...] = ()
+    recompute_encoder: bool = False
+    slot_device: str | None = None
+
+    def __post_init__(self) -> None:
+        check_one_of("pipeline.schedule", self.schedule, SCHEDULES)
+        check_positive_int("pipeline.micro_batch_size", self.micro_batch_size)
+        check_positive_int("pipeline.gradient_accumulation", self.gradient_accumulation)
+        if self.schedule != "sequential" and self.gradient_accumulation < NUM_STAGES:
+            _fail("pipeline.gradient_accumulation", self.gradient_accumulation,
+                  f"the {self.schedule} schedule of {NUM_STAGES} stages needs at least {NUM_STAGES} micro-batches "
+                  "per step to fill (with fewer, some stage idles for the whole step); use the sequential schedule "
+                  "or accumulate more")
+        if self.devices and len(self.devices) != NUM_STAGES:
+            _fail("pipeline.devices", self.devices,
+                  f"give one device per stage ({', '.join(STAGE_NAMES)}), or () for no placement")
+
+    @property
+    def batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation
+
+    def device(self, stage: int) -> str | None:
+        return self.devices[stage] if self.devices else None
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How a step runs: on one device (plain), pipelined over three, or replicated.
+
+    strategy, replicas: 'none' (one replica), 'mirrored' (``replicas`` on one machine, on
+      ``devices`` or, when empty, ``distributed.replica_devices``) or 'multi_worker' (one per
+      TF_CONFIG worker). pipeline: a ``PipelineConfig``, or None. Pipelining and replication
+      are not combined here.
+    jit_compile: XLA for what the execution can compile: the whole step (plain), the HMC chain
+      (pipelined) or nothing (replicated, whose step is a plain ``tf.function``); None: whatever
+      it allows. chain_shards (plain VCD only): blocks of rows of the HMC chain's target,
+      evaluated concurrently; None: one per compute thread. steps_per_call: optimiser steps per
+      host call of the in-graph loop (None: ``loops.fit`` runs one, the training command
+      ``runs.train.default_steps_per_call``).
+    The last four change the speed, not the numbers (up to float round-off): ``Config.identity``
+    leaves them out, so a run may resume with others.
+    """
+
+    strategy: str = "none"
+    replicas: int = 1
+    devices: tuple[str, ...] = ()
+    pipeline: PipelineConfig | None = None
+    jit_compile: bool | None = None
+    chain_shards: int | None = None
+    steps_per_call: int | None = None
+
+    def __post_init__(self) -> None:
+        check_one_of("execution.strategy", self.strategy, STRATEGIES)
+        check_positive_int("execution.replicas", self.replicas)
+        if self.strategy == "none" and self.replicas != 1:
+            _fail("execution.replicas", self.replicas,
+                  "must be 1 without a strategy (--strategy mirrored or multi_worker)")
+        if self.devices and (self.strategy != "mirrored" or len(set(self.devices)) != self.replicas):
+            _fail("execution.devices", self.devices,
+                  f"names one distinct device per replica of the mirrored strategy (here {self.replicas}), or is ()")
+        if self.pipeline is not None:
+            if not isinstance(self.pipeline, PipelineConfig):
+                _fail("execution.pipeline", self.pipeline, "must be a PipelineConfig or None")
+            if self.strategy != "none":
+                _fail("execution.pipeline", self.pipeline,
+                      f"is not combined with strategy={self.strategy!r} here: choose one")
+        if self.jit_compile not in (None, True, False):
+            _fail("execution.jit_compile", self.jit_compile, "must be true, false or null")
+        if self.jit_compile and self.strategy != "none":
+            _fail("execution.jit_compile", self.jit_compile,
+                  "a step under a distribution strategy is a plain tf.function: give null or false")
+        if self.chain_shards is not None:
+            check_positive_int("execution.chain_shards", self.chain_shards)
+            if self.kind != "plain":
+                _fail("execution.chain_shards", self.chain_shards,
+                      f"only plain VCD's chain is sharded, not a {self.kind} step's (leave it unset)")
+        if self.steps_per_call is not None:
+            check_positive_int("execution.steps_per_call", self.steps_per_call)
+
+    @property
+    def kind(self) -> str:
+        """'plain', 'pipelined' or 'replicated'."""
+        if self.pipeline is not None:
+            return "pipelined"
+        return "plain" if self.strategy == "none" else "replicated"
+
+    @property
+    def xla(self) -> bool:
+        """Whether XLA compiles what the execution can compile (``jit_compile`` resolved)."""
+        return self.kind != "replicated" if self.jit_compile is None else self.jit_compile
+
+
+#: Execution settings that change a run's speed but not its numbers: not part of its identity.
+SPEED_ONLY = ("devices", "jit_compile", "chain_shards", "steps_per_call")
+
 _SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
-             "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig, "curve": EvaluationConfig}
+             "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig, "curve": EvaluationConfig,
+             "execution": ExecutionConfig}
+_SUBSECTIONS = {ExecutionConfig: {"pipeline": PipelineConfig}}
+_NULLABLE_SECTIONS = ("pipeline",)  # None: no such section (a plain step)
 
 
 @dataclass(frozen=True)
@@ -226,8 +346,6 @@ class Config:
     log_every_steps: int = 100
     checkpoint_every_steps: int = 2000
     curve_every_epochs: float | None = None
-    strategy: str = "none"
-    replicas: int = 1
     precision: str = "float32"
     model: ModelConfig = field(default_factory=ModelConfig)
     hmc: HMCConfig = field(default_factory=HMCConfig)
@@ -235,6 +353,7 @@ class Config:
     control_variate: ControlVariateConfig = field(default_factory=ControlVariateConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     curve: EvaluationConfig = field(default_factory=lambda: CURVE_EVALUATION)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -267,20 +386,13 @@ class Config:
             # A resumed run then restarts on a logging-window boundary and writes the same rows.
             _fail("checkpoint_every_steps", self.checkpoint_every_steps,
                   f"must be a multiple of log_every_steps={self.log_every_steps}")
-        check_one_of("strategy", self.strategy, STRATEGIES)
-        check_positive_int("replicas", self.replicas)
         check_one_of("precision", self.precision, PRECISIONS)
-        if self.strategy == "none" and self.replicas != 1:
-            _fail("replicas", self.replicas, "must be 1 without a strategy (--strategy mirrored or multi_worker)")
-        if self.strategy != "none" and self.method != "vcd":
-            _fail("strategy", self.strategy, f"only VCD is replicated, not method={self.method!r}")
-        if self.batch_size % self.replicas:
-            _fail("batch_size", self.batch_size, f"must be a multiple of replicas={self.replicas}")
         if self.curve_every_epochs is not None:
             check_positive_number("curve_every_epochs", self.curve_every_epochs)
         for name, kind in _SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 _fail(name, getattr(self, name), f"must be a {kind.__name__}")
+        self._check_execution()
         if self.optimizer.learning_rate is None:
             if self.batch_size not in TUNED_LEARNING_RATES:
                 _fail(
@@ -291,6 +403,26 @@ class Config:
                 )
             _fail("optimizer.learning_rate", None, "give a rate, or build the config with Config.from_dict or "
                   "load_config, which take the tuned rate of the batch size")
+
+    def _check_execution(self) -> None:
+        """The execution section against the rest: what only VCD's step does, and batch sizes."""
+        execution = self.execution
+        if execution.kind != "plain" and self.method != "vcd":
+            _fail("execution", execution.kind, f"only VCD's step is pipelined or replicated, not method={self.method!r}")
+        if execution.chain_shards is not None and self.method != "vcd":
+            _fail("execution.chain_shards", execution.chain_shards,
+                  f"only VCD has a chain to shard, not method={self.method!r} (leave it unset)")
+        if self.batch_size % execution.replicas:
+            _fail("batch_size", self.batch_size, f"must be a multiple of execution.replicas={execution.replicas}")
+        if execution.pipeline is not None and execution.pipeline.batch_size != self.batch_size:
+            pipe = execution.pipeline
+            _fail("execution.pipeline", f"{pipe.micro_batch_size} x {pipe.gradient_accumulation}",
+                  f"micro_batch_size x gradient_accumulation = {pipe.batch_size} must equal batch_size="
+                  f"{self.batch_size}: the optimiser step sees the configured batch")
+        if execution.steps_per_call is not None and self.log_every_steps % execution.steps_per_call:
+            _fail("execution.steps_per_call", execution.steps_per_call,
+                  f"must divide log_every_steps={self.log_every_steps}, so that every log row falls at the end "
+                  "of a host call")
 
     # Derived quantities: computed, never stored, so they cannot disagree with the fields.
     @property
@@ -330,19 +462,39 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def identity(self) -> dict[str, Any]:
+        """What the run computes (``to_dict`` without the execution's ``SPEED_ONLY`` settings): two
+        configs with the same identity train the same numbers, so a run resumes under either."""
+        values = self.to_dict()
+        values["execution"] = {k: v for k, v in values["execution"].items() if k not in SPEED_ONLY}
+        return values
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Build a Config from nested plain values; an unknown key is a ValueError."""
+        """Build a Config from nested plain values; an unknown key is a ValueError. Files written
+        before the execution section (top-level ``strategy`` and ``replicas``) read the same."""
+        if isinstance(values, Mapping) and ("strategy" in values or "replicas" in values):
+            values = dict(values)
+            moved = {key: values.pop(key) for key in ("strategy", "replicas") if key in values}
+            values["execution"] = {**values.get("execution", {}), **moved}
         return _build(cls, values, prefix="")
 
     def replace(self, **overrides: Any) -> "Config":
-        """A copy with ``overrides`` merged in; nested sections take dicts (``hmc={...}``)."""
-        return Config.from_dict(_merge(self.to_dict(), overrides, prefix=""))
+        """A copy with ``overrides`` merged in; nested sections take dicts (``hmc={...}``, merged
+        into the section) or section objects (``execution=ExecutionConfig(...)``, replacing it)."""
+        # A section object gives every key of its section, so merging it replaces the section.
+        return Config.from_dict(_merge(self.to_dict(), _plain(overrides), prefix=""))
 
 
+
+
+def _plain(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every section object (a dataclass) turned into its dict."""
+    return {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value)
+            else _plain(value) if isinstance(value, Mapping) else value for key, value in values.items()}
 
 
 def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
@@ -354,11 +506,12 @@ def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
             raise ValueError(
                 f"unknown configuration key {prefix + key!r}: allowed keys are {', '.join(sorted(known))}"
             )
+    sections = _SECTIONS if kind is Config else _SUBSECTIONS.get(kind, {})
     kwargs = {}
     for key, value in values.items():
-        if kind is Config and key in _SECTIONS:
-            value = _build(_SECTIONS[key], value, prefix=f"{key}.")
-        kwargs[key] = value
+        if key in sections and value is not None:
+            value = _build(sections[key], value, prefix=f"{prefix}{key}.")
+        kwargs[key] = tuple(value) if isinstance(value, list) else value  # JSON arrays are the tuples
     if kind is Config:
         optimizer, batch_size = kwargs.get("optimizer", OptimizerConfig()), kwargs.get("batch_size", Config.batch_size)
         if optimizer.learning_rate is None and batch_size in TUNED_LEARNING_RATES:
@@ -379,7 +532,7 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> d
             raise ValueError(
                 f"unknown configuration key {prefix + key!r}: allowed keys are {', '.join(sorted(merged))}"
             )
-        if isinstance(merged[key], dict):
+        if isinstance(merged[key], dict) and not (value is None and key in _NULLABLE_SECTIONS):
             if not isinstance(value, Mapping):
                 raise ValueError(f"configuration key {prefix + key!r} is a section: it takes an object of its keys "
                                  f"({', '.join(sorted(merged[key]))}), not {json.dumps(value)}")
@@ -422,13 +575,13 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
 
 def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
     """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``smoke``, ``tiny``) or a JSON
-    file by path, then apply ``overrides`` (top-level fields, or dicts for nested sections).
+    file by path, then apply ``overrides`` (top-level fields; dicts or section objects for sections).
 
     Overrides whose value is ``None`` are ignored, so command-line options left unset fall
     through to the preset.
     """
     # The preset may leave batch_size or learning_rate unset (bs_experiment); overrides fill them.
-    values = _merge(preset_values(name_or_path), _drop_none(overrides), prefix="")
+    values = _merge(preset_values(name_or_path), _drop_none(_plain(overrides)), prefix="")
     return Config.from_dict(values)
 
 

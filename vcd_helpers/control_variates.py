@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from vcd_helpers.config import CONTROL_VARIATE_KINDS, ControlVariateConfig
+from vcd_helpers.config import ControlVariateConfig
 
 
 class ControlVariate(tf.Module):
@@ -27,9 +27,6 @@ class ControlVariate(tf.Module):
 
     def __init__(self, config: ControlVariateConfig, num_examples: int):
         super().__init__(name="control_variate")
-        if config.kind not in CONTROL_VARIATE_KINDS:
-            raise ValueError(f"control_variate.kind={config.kind!r} is invalid: must be one of "
-                             f"{', '.join(CONTROL_VARIATE_KINDS)}")
         self.kind = config.kind
         self.decay = config.decay
         self.switch_step = config.switch_step

@@ -15,6 +15,7 @@ and gradient accumulation are the same sum, spread over devices or over time.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from vcd_helpers.config import STRATEGIES, Config, check_one_of, check_positive_int
+from vcd_helpers.config import STRATEGIES, Config, ExecutionConfig, check_one_of, check_positive_int
 from vcd_helpers.devices import split_physical_device
 from vcd_helpers.model import VAE
 from vcd_helpers.seeds import fold_in
@@ -158,35 +159,38 @@ def replica_devices(num_replicas: int) -> list[str]:
     return split_physical_device(num_replicas)
 
 
-def build_strategy(config: Config) -> tf.distribute.Strategy | None:
-    """The strategy of a run's config: ``config.replicas`` mirrored replicas on the devices of
-    ``replica_devices``, or one replica per TF_CONFIG worker."""
-    strategy = make_strategy(config.strategy, replica_devices(config.replicas) if config.strategy == "mirrored"
-                             else None)
-    if strategy is not None and strategy.num_replicas_in_sync != config.replicas:
-        raise ValueError(f"replicas={config.replicas} is invalid: the {config.strategy} strategy has "
+@functools.cache
+def strategy_for(execution: ExecutionConfig) -> tf.distribute.Strategy | None:
+    """The strategy of an execution section, made once per process (for 'multi_worker', before
+    any other TensorFlow op): ``execution.replicas`` mirrored replicas on ``execution.devices``
+    (empty: ``replica_devices``), one replica per TF_CONFIG worker, or None.
+
+    Raises ValueError when the strategy has another number of replicas than the section."""
+    name, replicas = execution.strategy, execution.replicas
+    devices = None
+    if name == "mirrored":
+        devices = list(execution.devices) or replica_devices(replicas)
+    strategy = make_strategy(name, devices)
+    if strategy is not None and strategy.num_replicas_in_sync != replicas:
+        raise ValueError(f"execution.replicas={replicas} is invalid: the {name} strategy has "
                          f"{strategy.num_replicas_in_sync} replicas")
     return strategy
 
 
 class ReplicatedVCDTrainer(VCDTrainer):
-    """A VCD trainer whose step runs on ``strategy.num_replicas_in_sync`` replicas.
+    """A VCD trainer whose step runs on the replicas of ``config.execution``'s strategy.
 
-    Build it under nothing: it enters ``strategy.scope()`` itself so that every variable (weights,
-    slots, control variate, step size, step) is mirrored. ``train_step(index, x)`` takes the
-    global batch, index [B] and x [B, 784], B a multiple of the number of replicas. Build it with
-    ``trainers.build_trainer(config, execution=strategy)``.
+    Every variable (weights, slots, control variate, step size, step) is mirrored: build it with
+    ``trainers.build_trainer(config)``, which makes the model under ``strategy.scope()`` too.
+    ``train_step(index, x)`` takes the global batch, index [B] and x [B, 784], B a multiple of
+    the number of replicas.
     """
 
-    def __init__(self, config: Config, strategy: tf.distribute.Strategy):
-        self.strategy = strategy
-        self.num_replicas = strategy.num_replicas_in_sync
-        if config.batch_size % self.num_replicas:
-            raise ValueError(f"batch_size={config.batch_size} is invalid for {self.num_replicas} replicas: "
-                             "must be a multiple of the number of replicas")
-        with strategy.scope():
-            # The replicas already run concurrently: one block per chain.
-            super().__init__(VAE(config.model, seed=config.seed), config, jit_compile=False, chain_shards=1)
+    def __init__(self, model: VAE, config: Config):
+        self.strategy = strategy_for(config.execution)
+        self.num_replicas = self.strategy.num_replicas_in_sync
+        with self.strategy.scope():
+            super().__init__(model, config)
 
     def _replica_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """In replica context: this replica's rows of the global batch and its estimate."""

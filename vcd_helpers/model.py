@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, PRECISIONS, ModelConfig
+from vcd_helpers.config import NUM_PIXELS, PRECISIONS, ModelConfig, check_one_of
 from vcd_helpers.seeds import SeedLike, split_seed
 
 
@@ -23,8 +23,7 @@ def matmul(a: tf.Tensor, b: tf.Tensor, precision: str = "float32") -> tf.Tensor:
     back to float32. The multiplies of the gradients run the same way (the tape differentiates the
     casts). Raises ValueError for a precision outside ``config.PRECISIONS``.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is invalid: must be one of {', '.join(PRECISIONS)}")
+    check_one_of("precision", precision, PRECISIONS)
     if precision == a.dtype.name:
         return tf.linalg.matmul(a, b)
     return tf.cast(tf.linalg.matmul(tf.cast(a, precision), tf.cast(b, precision)), a.dtype)

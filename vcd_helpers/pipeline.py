@@ -1,7 +1,7 @@
 """Pipelined VCD: the training step split into stages on several devices, micro-batches
 flowing through them under a schedule, gradients accumulated over the micro-batches.
 
-The three stages, each on its own device (``PipelineConfig.devices``):
+The three stages, each on its own device (``config.PipelineConfig.devices``):
 
     stage 0 "encoder"  forward: x -> loc, scale, z0 = loc + scale * eps
                        backward: the encoder's gradients, from the messages of stages 1 and 2
@@ -42,22 +42,18 @@ import functools
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config, check_one_of, check_positive_int
+from vcd_helpers.config import NUM_STAGES, SCHEDULES, Config, check_one_of, check_positive_int
 from vcd_helpers.hmc import HMCResult
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
 from vcd_helpers.seeds import fold_in, split_seed
 from vcd_helpers.training import VCDEstimate, VCDTrainer
 
-SCHEDULES = ("sequential", "grouped", "interleaved")
-STAGE_NAMES = ("encoder", "hmc", "decoder")
-NUM_STAGES = len(STAGE_NAMES)
 
 
 def batch_sizes(micro_batch_size: int, gradient_accumulation: int = 1, replicas: int = 1,
@@ -72,50 +68,6 @@ def batch_sizes(micro_batch_size: int, gradient_accumulation: int = 1, replicas:
         check_positive_int(name, value)
     effective = micro_batch_size * gradient_accumulation * replicas
     return {"effective_batch": effective, "examples_per_host_call": effective * device_iterations}
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """How a VCD step is pipelined.
-
-    schedule: 'sequential' (one task at a time, in micro-batch order: sharded execution, for
-      debugging), 'grouped' (each device runs all its forwards, then all its backwards) or
-      'interleaved' (one forward, one backward: 1F1B).
-    micro_batch_size x gradient_accumulation must equal the Config's batch_size: the optimiser
-      step sees the same batch as without pipelining.
-    device_iterations: optimiser steps per host call (the in-graph loop's k).
-    devices: one device name per stage, or () to leave placement to TensorFlow.
-    recompute_encoder: keep only the encoder's input from forward to backward and recompute its
-      activations in the backward task (``tf.recompute_grad``).
-    slot_device: where the optimiser slots live (None: beside their weights).
-    """
-
-    schedule: str = "interleaved"
-    micro_batch_size: int = 25
-    gradient_accumulation: int = 4
-    device_iterations: int = 1
-    devices: tuple[str, ...] = ()
-    recompute_encoder: bool = False
-    slot_device: str | None = None
-
-    def __post_init__(self) -> None:
-        check_one_of("schedule", self.schedule, SCHEDULES)
-        batch_sizes(self.micro_batch_size, self.gradient_accumulation, 1, self.device_iterations)
-        if self.schedule != "sequential" and self.gradient_accumulation < NUM_STAGES:
-            raise ValueError(
-                f"gradient_accumulation={self.gradient_accumulation} is invalid for the {self.schedule} schedule: "
-                f"a pipeline of {NUM_STAGES} stages needs at least {NUM_STAGES} micro-batches per step to fill "
-                "(with fewer, some stage idles for the whole step); use the sequential schedule or accumulate more")
-        if self.devices and len(self.devices) != NUM_STAGES:
-            raise ValueError(f"devices={self.devices!r} is invalid: give one device per stage "
-                             f"({', '.join(STAGE_NAMES)}), or () for no placement")
-
-    @property
-    def batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation
-
-    def device(self, stage: int) -> str | None:
-        return self.devices[stage] if self.devices else None
 
 
 def short_device_name(name: str) -> str:
@@ -357,35 +309,27 @@ class EncoderResult(NamedTuple):
 
 
 class PipelinedVCDTrainer(VCDTrainer):
-    """A VCD trainer whose step runs as a pipeline over three devices.
+    """A VCD trainer whose step runs as a pipeline over three devices (``config.execution.pipeline``).
 
     Same state as ``VCDTrainer`` (so checkpoints are interchangeable) and the same
     ``train_step(index, x)``, with x the effective batch [micro_batch_size x
     gradient_accumulation, 784]; ``timed_step`` also returns the step's measured ``Timeline``.
-    ``jit_compile`` compiles the HMC chain (stage 1's forward, most of the work) with XLA; the
+    With ``jit_compile`` XLA compiles the HMC chain (stage 1's forward, most of the work); the
     step around it stays a plain ``tf.function``, whose executor runs the devices concurrently.
-    ``loops.fit`` runs ``pipeline.device_iterations`` steps per host call (``steps_per_call``).
-    Build it with ``trainers.build_trainer(config, execution=pipeline)``.
+    Build it with ``trainers.build_trainer(config)``, which places the model's networks on
+    their stages' devices.
     """
 
-    def __init__(self, config: Config, pipeline: PipelineConfig, *, jit_compile: bool = False):
-        if pipeline.batch_size != config.batch_size:
-            raise ValueError(
-                f"micro_batch_size x gradient_accumulation = {pipeline.micro_batch_size} x "
-                f"{pipeline.gradient_accumulation} = {pipeline.batch_size} does not match config.batch_size="
-                f"{config.batch_size}: the optimiser step must see the configured batch")
+    def __init__(self, model: VAE, config: Config):
+        pipeline = config.execution.pipeline
         known = [short_device_name(d.name) for d in tf.config.list_logical_devices()]
         missing = [d for d in pipeline.devices if short_device_name(d) not in known]
         if missing:
             raise ValueError(f"devices {missing} do not exist here; logical devices: {known}. Make more "
                              "with devices.split_physical_device(n) at the start of the process")
-        model = VAE(config.model, seed=config.seed,
-                    devices={"encoder": pipeline.device(0), "decoder": pipeline.device(1)} if pipeline.devices else None)
-        # The stages' devices already run concurrently: one block per chain.
-        super().__init__(model, config, jit_compile=jit_compile, slot_device=pipeline.slot_device, chain_shards=1)
+        super().__init__(model, config)
         self.pipeline = pipeline
-        self.steps_per_call = pipeline.device_iterations
-        self.chain = tf.function(self.run_chain, jit_compile=True) if jit_compile else self.run_chain
+        self.chain = tf.function(self.run_chain, jit_compile=True) if self.jit_compile else self.run_chain
         self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
         self.train_step = tf.function(self._train_step)
         self.timed_step_fn = tf.function(self._timed_train_step)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from vcd_helpers.config import HMCConfig
-from vcd_helpers.pipeline import STAGE_NAMES
+from vcd_helpers.config import STAGE_NAMES, HMCConfig
 
 
 def image_grid(images: np.ndarray, rows: int, cols: int, *, ax: plt.Axes | None = None,

@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol
 
 import tensorflow as tf
 
-from vcd_helpers.config import Config, check_positive_int
+from vcd_helpers.config import Config, ExecutionConfig
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.devices import compute_threads
 from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
@@ -38,6 +38,15 @@ class Trainer(Protocol):
         ...
 
 
+def chain_blocks(execution: ExecutionConfig) -> int:
+    """Blocks of rows VCD's HMC chain is evaluated in: ``execution.chain_shards``, or one per
+    compute thread for a plain step, one for a pipelined or replicated step (whose devices
+    already run concurrently)."""
+    if execution.kind != "plain":
+        return 1
+    return compute_threads() if execution.chain_shards is None else execution.chain_shards
+
+
 class VCDEstimate(NamedTuple):
     """One draw of VCD's gradient estimator. gradients: {group: [tensor per variable]};
     encoder_loss, decoder_loss: batch sums; g: g(zT) [B]; accept_rate, step_size: the chain's."""
@@ -54,18 +63,19 @@ class VAETrainer(tf.Module):
     """The plain VAE: maximise the reparameterised ELBO (the loss is minus its batch sum)."""
 
     metric_names = ("loss",)
-    steps_per_call = 1
     chain_shards = None
 
-    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False):
+    def __init__(self, model: VAE, config: Config):
+        """``config.execution`` sets XLA (``jit_compile``) and ``steps_per_call``."""
         super().__init__(name="vae_trainer")
         self.model = model
         self.config = config
-        self.jit_compile = jit_compile
+        self.jit_compile = config.execution.xla
+        self.steps_per_call = config.execution.steps_per_call or 1
         self.optimizers = make_optimizers(model.parameter_groups(), config)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = training_seed(config.seed, "vae")
-        self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
+        self.train_step = tf.function(self._train_step, jit_compile=self.jit_compile)
 
     def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
         """index [B] int32 (unused by the VAE), x [B, 784] -> {'loss': mean negative ELBO per example}."""
@@ -92,25 +102,26 @@ class VCDTrainer(tf.Module):
     """
 
     metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
-    steps_per_call = 1
 
-    def __init__(self, model: VAE, config: Config, *, jit_compile: bool = False, slot_device: str | None = None,
-                 chain_shards: int | None = None):
-        """``chain_shards``: blocks of rows the HMC chain's target is evaluated in (``hmc.sharded_target``),
-        so that XLA keeps that many threads busy; None takes ``devices.compute_threads()``. It changes
-        the speed, not the maths (up to float round-off), and is no part of the trainer's state."""
+    def __init__(self, model: VAE, config: Config):
+        """``config.execution`` sets XLA (``jit_compile``), ``steps_per_call`` and the blocks of rows
+        the HMC chain's target is evaluated in (``chain_blocks``, ``hmc.sharded_target``), so that
+        XLA keeps that many threads busy. They change the speed, not the maths (up to float
+        round-off), and are no part of the trainer's state."""
         super().__init__(name="vcd_trainer")
+        execution = config.execution
         self.model = model
         self.config = config
-        self.jit_compile = jit_compile
-        self.chain_shards = compute_threads() if chain_shards is None else chain_shards
-        check_positive_int("chain_shards", self.chain_shards)
+        self.jit_compile = execution.xla
+        self.steps_per_call = execution.steps_per_call or 1
+        self.chain_shards = chain_blocks(execution)
+        slot_device = execution.pipeline.slot_device if execution.pipeline else None
         self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = training_seed(config.seed, "vcd")
-        self.train_step = tf.function(self._train_step, jit_compile=jit_compile)
+        self.train_step = tf.function(self._train_step, jit_compile=self.jit_compile)
 
     def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
         return {"model": self.model, "step_size": self.step_size, "control_variate": self.control_variate}

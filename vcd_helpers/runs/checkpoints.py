@@ -129,7 +129,7 @@ def latest_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None =
     model and the chain's state as the next step would read them; ``step`` is that step.
     Raises RunDirectoryError when the directory holds no state."""
     config = require_config(results_dir)
-    trainer = build_trainer(config, jit_compile=jit_compile)
+    trainer = build_trainer(config.replace(execution={"jit_compile": jit_compile}))
     trainer.step.assign(read_final_or_latest(RunDirectory(Path(results_dir)), trainer.checkpoint_objects(),
                                              config.num_steps))
     return trainer

@@ -159,19 +159,22 @@ def resolve_config(args: argparse.Namespace) -> Config:
     overrides["evaluation"] |= given(split=args.eval_split, num_examples=args.eval_examples,
                                      num_samples=args.eval_samples, proposal=args.eval_proposal)
     overrides["control_variate"] = given(kind=args.control_variate)
+    execution = overrides["execution"] = given(chain_shards=args.chain_shards, steps_per_call=args.steps_per_call)
+    if args.no_xla:
+        execution["jit_compile"] = False
     if args.strategy is not None:
         replicas = {"none": 1, "mirrored": 2}.get(args.strategy)
         if replicas is None:  # multi_worker: one replica per worker of TF_CONFIG
             from vcd_helpers.distributed import tf_config_workers
 
             replicas = len(tf_config_workers()[0])
-        overrides |= {"strategy": args.strategy, "replicas": replicas}
+        execution |= {"strategy": args.strategy, "replicas": replicas}
     if args.replicas is not None:
-        strategy = overrides.get("strategy", values["strategy"])
+        strategy = execution.get("strategy", values["execution"]["strategy"])
         if strategy != "mirrored":
             raise ValueError(f"--replicas {args.replicas} is invalid with strategy={strategy!r}: only "
                              "--strategy mirrored takes a number of replicas")
-        overrides["replicas"] = args.replicas
+        execution["replicas"] = args.replicas
     return Config.from_dict(merge_values(values, overrides))
 
 
@@ -250,14 +253,12 @@ def _error_message(error: BaseException) -> str | None:
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
     """``train``: resolve the config, set up the strategy, run (or resume) the run, print its summary."""
-    if args.steps_per_call is not None and args.steps_per_call < 1:
-        raise ValueError(f"--steps-per-call {args.steps_per_call} is invalid: must be a positive integer")
     config = resolve_config(args)
-    if config.strategy == "multi_worker" and READY_FD_ENV not in os.environ:
+    if config.execution.strategy == "multi_worker" and READY_FD_ENV not in os.environ:
         return _supervise(argv)
-    from vcd_helpers.distributed import build_strategy
+    from vcd_helpers.distributed import strategy_for
 
-    strategy = build_strategy(config)  # before any other TensorFlow op
+    strategy_for(config.execution)  # before any other TensorFlow op; the trainer gets the same one
     _report_ready()
     from vcd_helpers.results import SUMMARY_KEYS
     from vcd_helpers.runs.directory import RunDirectory
@@ -270,8 +271,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _raise_interrupt)
     results = train_run(config, args.results, command=shlex.join(["python", "-m", "vcd_helpers", *argv]),
-                        progress=not args.quiet, jit_compile=False if args.no_xla else None,
-                        steps_per_call=args.steps_per_call, strategy=strategy, chain_shards=args.chain_shards)
+                        progress=not args.quiet)
     summary = {k: results[k] for k in SUMMARY_KEYS}
     print(json.dumps(summary, indent=2))
     return 0
@@ -299,7 +299,7 @@ def _bench(args: argparse.Namespace) -> int:
         config = load_config(args.configs[0], batch_size=args.batch_sizes[0], optimizer={"learning_rate": 5e-4})
         print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
         for shards in dict.fromkeys([1, args.chain_shards or compute_threads()]):
-            print(format_breakdown(step_breakdown(config, chain_shards=shards, calls=args.calls,
+            print(format_breakdown(step_breakdown(config.replace(execution={"chain_shards": shards}), calls=args.calls,
                                                   steps_per_call=args.steps_per_call)))
         return 0
     rows = run_benchmark(args.configs, args.batch_sizes, steps_per_call=args.steps_per_call, calls=args.calls,

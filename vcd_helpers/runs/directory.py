@@ -11,6 +11,7 @@ import contextlib
 import csv
 import fcntl
 import io
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -130,9 +131,9 @@ class RunDirectory:
                     f"{self.path} is not empty and holds no {CONFIG_FILE}: it is not a results "
                     "directory of this package; choose an empty or new directory")
             self.path.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.config_file, config.to_json() + "\n")
+            write_atomic(self.config_file, json.dumps(config.identity(), indent=2, sort_keys=True) + "\n")
             return
-        differences = _differences(stored.to_dict(), config.to_dict())
+        differences = _differences(stored.identity(), config.identity())
         if differences:
             raise RunDirectoryError(
                 f"{self.path} holds a run with a different configuration; refusing to overwrite it. "

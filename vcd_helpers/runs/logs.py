@@ -19,6 +19,13 @@ from vcd_helpers.runs.directory import RunDirectory, keep_rows_up_to
 from vcd_helpers.runs.evaluate import evaluation_record
 from vcd_helpers.timing import time_calls
 
+def window_means(window: dict[str, list[float]], names: list[str]) -> tuple[dict[str, float], list[str]]:
+    """A logging window's mean of each metric, and those means as metrics.csv writes them (7
+    significant digits: what a resumed run, or a replay, is compared by)."""
+    means = {name: float(np.mean(window[name])) for name in names}
+    return means, [f"{means[n]:.7g}" for n in names]
+
+
 class MetricsLog:
     """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics.
 
@@ -51,8 +58,8 @@ class MetricsLog:
 
     def write(self, step: int, wall_time: float) -> dict[str, float]:
         """Close the window at ``step``: one CSV row and TensorBoard scalars of the means."""
-        means = {name: float(np.mean(values)) for name, values in self.window.items()}
-        row = [str(step), f"{wall_time:.3f}", *(f"{means[n]:.7g}" for n in self.names)]
+        means, cells = window_means(self.window, self.names)
+        row = [str(step), f"{wall_time:.3f}", *cells]
         if step in self.replaced:  # skip the wall time: only the numbers must agree
             old = np.array(self.replaced.pop(step)[2:], dtype=np.float64)
             new = np.array(row[2:], dtype=np.float64)

@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import Config, check_positive_int
+from vcd_helpers.config import Config
 from vcd_helpers.data import data_source, indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import device_summary
-from vcd_helpers.distributed import strategy_name
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.loops import fit
 from vcd_helpers.results import (CURVE_COLUMNS, CURVE_STRINGS, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE,
@@ -36,7 +35,7 @@ from vcd_helpers.runs.directory import (RunDirectory, record_launch, record_resu
 from vcd_helpers.runs.evaluate import evaluate_saving_batches, evaluation_record
 from vcd_helpers.runs.logs import LearningCurve, MetricsLog
 from vcd_helpers.timing import Stopwatch
-from vcd_helpers.trainers import build_trainer, check_chain_shards
+from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import Trainer
 
 #: Version of results.json's layout: 2 added schema, code, warnings, evaluation and curve seconds.
@@ -58,56 +57,33 @@ def default_steps_per_call(config: Config) -> int:
     return math.gcd(config.log_every_steps, 10)
 
 
-def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "", progress: bool = True,
-              jit_compile: bool | None = None, steps_per_call: int | None = None,
-              strategy: tf.distribute.Strategy | None = None, chain_shards: int | None = None) -> dict[str, Any]:
+def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "",
+              progress: bool = True) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
 
-    The trainer is ``trainers.build_trainer(config, execution=strategy, jit_compile=jit_compile,
-    chain_shards=chain_shards)`` (None: XLA wherever the execution allows; one block of the chain
-    per compute thread), run ``steps_per_call`` steps per host call by the
-    in-graph loop (default ``default_steps_per_call``); it must divide ``config.log_every_steps``.
-    With a ``strategy`` (``distributed.build_strategy``) the VCD step runs data-parallel on its
-    replicas.
+    The trainer is ``trainers.build_trainer(config)``, run ``config.execution.steps_per_call``
+    steps per host call by the in-graph loop (unset: ``default_steps_per_call``).
 
     Returns the contents of results.json. A run that already finished returns its results
     without training again. Raises RunDirectoryError for a directory holding another run, and
     FloatingPointError (naming the metric and step) when a loss becomes NaN or Inf; the last
     good checkpoint is left in place.
     """
-    # Everything is checked before the directory is touched.
-    steps_per_call = default_steps_per_call(config) if steps_per_call is None else steps_per_call
-    check_positive_int("steps_per_call", steps_per_call)
-    if config.log_every_steps % steps_per_call:
-        raise ValueError(f"steps_per_call={steps_per_call} is invalid: must divide "
-                         f"log_every_steps={config.log_every_steps}")
-    check_chain_shards(config, strategy, chain_shards)
-    if strategy_name(strategy) != config.strategy:
-        raise ValueError(f"strategy={strategy_name(strategy)!r} is invalid for a config with "
-                         f"strategy={config.strategy!r}: build it with distributed.build_strategy(config)")
+    if config.execution.steps_per_call is None:
+        config = config.replace(execution={"steps_per_call": default_steps_per_call(config)})
     run = RunDirectory(Path(results_dir))
     with run.lock(command or "train_run"):
         run.claim(config)
         stored = run.stored_results()
         if stored is not None:
             return stored
-        return _train(config, run, command=command, progress=progress, jit_compile=jit_compile,
-                      steps_per_call=steps_per_call, strategy=strategy, chain_shards=chain_shards)
+        trainer = build_trainer(config)
+        train_seconds = _train_to_the_end(config, run, trainer, command=command, progress=progress)
+        return _finish(config, run, trainer, train_seconds, command=command)
 
 
-def _train(config: Config, run: RunDirectory, *, command: str, progress: bool, jit_compile: bool | None,
-           steps_per_call: int, strategy: tf.distribute.Strategy | None,
-           chain_shards: int | None) -> dict[str, Any]:
-    """``train_run`` on a claimed, locked directory: train to the end, then ``_finish``."""
-    trainer = build_trainer(config, execution=strategy, jit_compile=jit_compile, chain_shards=chain_shards)
-    train_seconds = _train_to_the_end(config, run, trainer, command=command, progress=progress,
-                                      steps_per_call=steps_per_call)
-    return _finish(config, run, trainer, train_seconds, command=command, steps_per_call=steps_per_call,
-                   strategy=strategy)
-
-
-def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, command: str, progress: bool,
-                      steps_per_call: int) -> float:
+def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, command: str,
+                      progress: bool) -> float:
     """Restore the newest checkpoint and train the rest of the run, logging, evaluating the
     learning curve and checkpointing on the way; returns the run's training seconds (over every
     process that trained it)."""
@@ -158,7 +134,7 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
             manager.save(checkpoint_number=step)
 
     try:
-        fit(trainer, batches, config.num_steps - start_step, steps_per_call=steps_per_call, progress=progress,
+        fit(trainer, batches, config.num_steps - start_step, progress=progress,
             description=f"{config.name} ({config.method})", on_step=on_step)
     except FloatingPointError as error:
         kept = manager.latest_checkpoint or "none yet"
@@ -172,8 +148,8 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     return clock.elapsed
 
 
-def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: float, *, command: str,
-            steps_per_call: int, strategy: tf.distribute.Strategy | None) -> dict[str, Any]:
+def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: float, *,
+            command: str) -> dict[str, Any]:
     """Save the final model (and local baseline), evaluate it, and write results.json."""
     tf.train.Checkpoint(**trainer.checkpoint_objects()).write(str(run.model_prefix))
     control_variate = trainer.checkpoint_objects().get("control_variate")
@@ -221,8 +197,8 @@ def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: 
         "code": {"commits": list(dict.fromkeys(l["code"]["commit"] for l in launches)),
                  "dirty": any(l["code"]["dirty"] for l in launches)},
         "jit_compile": trainer.jit_compile,
-        "strategy": {"name": strategy_name(strategy), "replicas": strategy.num_replicas_in_sync if strategy else 1},
-        "steps_per_call": steps_per_call,
+        "strategy": {"name": config.execution.strategy, "replicas": config.execution.replicas},
+        "steps_per_call": trainer.steps_per_call,
         "command": command,
         "warnings": warnings,
     }
