@@ -11,11 +11,12 @@ import pytest
 import tensorflow as tf
 
 from vcd_helpers import distributed, pipeline
-from vcd_helpers.config import PipelineConfig, load_config
+from vcd_helpers.config import Config, ExecutionConfig, PipelineConfig, load_config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.pipeline import Task
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.loops import fit
+from vcd_helpers.runs.train import train_run
 from vcd_helpers.training import accumulate_gradients, max_relative_error
 
 STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
@@ -73,7 +74,10 @@ def test_execution_order_respects_data_and_device_order(schedule):
     (dict(schedule="interleaved", gradient_accumulation=2), "needs at least 3 micro-batches"),
     (dict(micro_batch_size=0), "micro_batch_size=0 is invalid: must be a positive integer"),
     (dict(gradient_accumulation=1.5), "gradient_accumulation=1.5 is invalid"),
-    (dict(devices=("/CPU:0",)), "give one device per stage"),
+    (dict(devices=("/CPU:0",)), "must be a tuple of one distinct device name per stage"),
+    (dict(devices=("/CPU:0", "/CPU:1", "/CPU:1")), "must be a tuple of one distinct device name per stage"),
+    (dict(recompute_encoder="no"), "pipeline.recompute_encoder='no' is invalid: must be true or false"),
+    (dict(slot_device=0), "pipeline.slot_device=0 is invalid: must be a device name or null"),
 ])
 def test_bad_pipeline_configs_are_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -194,10 +198,33 @@ def test_bad_strategy_input_is_a_clear_error(monkeypatch):
         distributed.make_strategy("multi_worker")
     with pytest.raises(ValueError, match="execution.replicas=2 is invalid: must be 1 without a strategy"):
         load_config("default", execution={"replicas": 2})
-    for devices in (["/CPU:1"], ["/CPU:1", "/CPU:1"]):
-        with pytest.raises(ValueError, match=r"execution.devices=\('/CPU:1',.*\) is invalid: names one distinct device "
-                                             "per replica of the mirrored strategy \(here 2\)"):
-            load_config("default", batch_size=128, execution={"strategy": "mirrored", "replicas": 2, "devices": devices})
+    for devices in (["/CPU:1"], ["/CPU:1", "/CPU:1"], "/CPU:1", [1, 2]):
+        with pytest.raises(ValueError, match=r"execution.devices=.* is invalid: must be a tuple of one distinct device "
+                                             "name per replica of the mirrored strategy \(here 2\)"):
+            Config.from_dict({"batch_size": 128, "execution": {"strategy": "mirrored", "replicas": 2, "devices": devices}})
+
+
+def test_one_strategy_per_process_for_sections_that_differ_in_speed_only(batch):
+    config, _, _ = batch
+    mirrored = ExecutionConfig("mirrored", 2, devices=STAGE_DEVICES[:2])
+    assert distributed.strategy_for(mirrored) is distributed.strategy_for(
+        ExecutionConfig("mirrored", 2, devices=STAGE_DEVICES[:2], steps_per_call=5))
+    assert distributed.strategy_for(mirrored) is not distributed.strategy_for(
+        ExecutionConfig("mirrored", 2, devices=STAGE_DEVICES[1:]))
+    # A trainer's weights must be mirrored: a model made outside the strategy's scope is refused.
+    from vcd_helpers.distributed import ReplicatedVCDTrainer
+    from vcd_helpers.model import VAE
+    with pytest.raises(ValueError, match="the model was made outside the strategy's scope"):
+        ReplicatedVCDTrainer(VAE(config.model, seed=0), config.replace(execution=mirrored))
+
+
+def test_a_run_whose_trainer_cannot_be_built_leaves_no_directory(batch, tmp_path):
+    config, _, _ = batch
+    missing = config.replace(execution={"pipeline": PipelineConfig(micro_batch_size=8, gradient_accumulation=3,
+                                                                   devices=("/CPU:1", "/CPU:2", "/CPU:9"))})
+    with pytest.raises(ValueError, match=r"devices \['/CPU:9'\] do not exist here"):
+        train_run(missing, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 # The training command with two workers over loopback (MultiWorkerMirroredStrategy, all-reducing over

@@ -23,6 +23,7 @@ from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.evaluate import evaluate_run
 from vcd_helpers.runs.train import train_run
 from vcd_helpers.trainers import restore_trainer
+from vcd_helpers.training import VCDTrainer
 
 # The tiny preset is small but complete: every piece of state a checkpoint must carry is exercised
 # (local control variates across the scheduled switch, adapted step size, optimiser slots, data
@@ -140,6 +141,18 @@ def test_a_trainer_is_restored_from_the_final_weights_or_the_last_checkpoint(fin
     shutil.rmtree(run / "checkpoints")
     with pytest.raises(RunDirectoryError, match="has no checkpoint yet"):
         latest_trainer(run)
+
+
+def test_a_trainer_is_restored_plain_whatever_execution_trained_the_run(finished_run, tmp_path):
+    # The state is the same in every execution: a replicated run's weights are read into a plain trainer
+    # (no strategy to make in a process whose devices are already set up, and jit_compile=True allowed).
+    original, config, _ = finished_run
+    run = _copy(original, tmp_path)
+    stored = json.loads((run / "config.json").read_text())
+    stored["execution"] |= {"strategy": "mirrored", "replicas": 2}
+    (run / "config.json").write_text(json.dumps(stored))
+    for restored in (restore_trainer(run, jit_compile=True), latest_trainer(run)):
+        assert type(restored) is VCDTrainer and int(restored.step.numpy()) == config.steps
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -4,6 +4,8 @@ the encoder's sample z0; and its encoder gradient equals the estimator's closed 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -209,9 +211,10 @@ def test_each_execution_and_method_gets_its_trainer():
                                                   "sharded, not a pipelined step's"),
     ("vcd", {"strategy": "mirrored", "replicas": 2, "chain_shards": 1},
      "execution.chain_shards=1 is invalid: only plain VCD's chain is sharded, not a replicated step's"),
-    ("vae", {"pipeline": {"micro_batch_size": 25}}, "execution='pipelined' is invalid: only VCD's step is pipelined or replicated, "
-                               "not method='vae'"),
-    ("vae", {"strategy": "mirrored", "replicas": 2}, "execution='replicated' is invalid: only VCD's step"),
+    ("vae", {"pipeline": {"micro_batch_size": 25}}, "execution.pipeline=PipelineConfig(schedule='interleaved', "
+     "micro_batch_size=25, gradient_accumulation=4, devices=(), recompute_encoder=False, slot_device=None) "
+     "is invalid: only VCD's step is pipelined or replicated, not method='vae'"),
+    ("vae", {"strategy": "mirrored", "replicas": 2}, "execution.strategy='mirrored' is invalid: only VCD's step"),
     ("vcd", {"strategy": "mirrored", "replicas": 2, "jit_compile": True},
      "execution.jit_compile=True is invalid: a step under a distribution strategy is a plain tf.function"),
     ("vcd", {"strategy": "mirrored", "replicas": 2, "pipeline": {"micro_batch_size": 25}}, "is not combined with strategy='mirrored'"),
@@ -224,7 +227,7 @@ def test_the_config_refuses_what_the_execution_cannot_run(method, execution, nam
     assert named in str(error.value)
 
 
-def test_speed_only_execution_settings_are_no_part_of_a_runs_identity():
+def test_speed_only_execution_settings_are_no_part_of_a_runs_identity(tmp_path):
     # A run may resume with other XLA, chain blocks or steps per call: they change the speed, not the numbers.
     config = load_config("tiny")
     fast = config.replace(execution={"jit_compile": False, "chain_shards": 3, "steps_per_call": 5})
@@ -232,11 +235,22 @@ def test_speed_only_execution_settings_are_no_part_of_a_runs_identity():
     assert "jit_compile" not in config.identity()["execution"]
     replicated = config.replace(batch_size=100, execution={"strategy": "mirrored", "replicas": 2})
     assert replicated.identity()["execution"] != config.replace(batch_size=100).identity()["execution"]
-    # Files written before the execution section read the same.
+    # The pipeline's schedule and placement are speed too; its micro-batches are not (each draws its own noise).
+    piped = config.replace(batch_size=100, execution={"pipeline": {"micro_batch_size": 25}})
+    assert piped.replace(execution={"pipeline": {"schedule": "grouped", "recompute_encoder": True}}).identity() \
+        == piped.identity() != piped.replace(execution={"pipeline": {"micro_batch_size": 50,
+                                                                      "gradient_accumulation": 2,
+                                                                      "schedule": "sequential"}}).identity()
+    # Files written before the execution section read the same, through every reader; both forms at once are refused.
     old = config.to_dict()
     old |= {"strategy": "none", "replicas": 1}
     del old["execution"]
     assert Config.from_dict(old) == config
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert load_config(path) == config
+    with pytest.raises(ValueError, match="configuration keys strategy, replicas belong in the execution section"):
+        Config.from_dict(old | {"execution": {"strategy": "mirrored", "replicas": 2}})
 
 
 # The step's bookkeeping ---------------------------------------------------------------------------

@@ -207,6 +207,12 @@ class EvaluationConfig:
 #: subset of 1,000 images with 2,000 samples each (the final evaluation uses all 10,000 and 20,000).
 CURVE_EVALUATION = EvaluationConfig(num_examples=1000, num_samples=2000)
 
+def _distinct_names(devices: Any, count: int) -> bool:
+    """Whether ``devices`` is a tuple of ``count`` distinct device names."""
+    return (isinstance(devices, tuple) and len(devices) == count and len(set(devices)) == count
+            and all(isinstance(d, str) and d for d in devices))
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """How a VCD step is pipelined over three devices (``pipeline.PipelinedVCDTrainer``).
@@ -238,9 +244,13 @@ class PipelineConfig:
                   f"the {self.schedule} schedule of {NUM_STAGES} stages needs at least {NUM_STAGES} micro-batches "
                   "per step to fill (with fewer, some stage idles for the whole step); use the sequential schedule "
                   "or accumulate more")
-        if self.devices and len(self.devices) != NUM_STAGES:
+        if self.devices != () and not _distinct_names(self.devices, NUM_STAGES):
             _fail("pipeline.devices", self.devices,
-                  f"give one device per stage ({', '.join(STAGE_NAMES)}), or () for no placement")
+                  f"must be a tuple of one distinct device name per stage ({', '.join(STAGE_NAMES)}), or () for no placement")
+        if not isinstance(self.recompute_encoder, bool):
+            _fail("pipeline.recompute_encoder", self.recompute_encoder, "must be true or false")
+        if self.slot_device is not None and not isinstance(self.slot_device, str):
+            _fail("pipeline.slot_device", self.slot_device, "must be a device name or null")
 
     @property
     def batch_size(self) -> int:
@@ -264,8 +274,9 @@ class ExecutionConfig:
       evaluated concurrently; None: one per compute thread. steps_per_call: optimiser steps per
       host call of the in-graph loop (None: ``loops.fit`` runs one, the training command
       ``runs.train.default_steps_per_call``).
-    The last four change the speed, not the numbers (up to float round-off): ``Config.identity``
-    leaves them out, so a run may resume with others.
+    devices, jit_compile, chain_shards and steps_per_call (``SPEED_ONLY``), and the pipeline's
+    schedule and placement, change the speed, not the numbers (up to float round-off):
+    ``Config.identity`` leaves them out, so a run may resume with others.
     """
 
     strategy: str = "none"
@@ -282,16 +293,17 @@ class ExecutionConfig:
         if self.strategy == "none" and self.replicas != 1:
             _fail("execution.replicas", self.replicas,
                   "must be 1 without a strategy (--strategy mirrored or multi_worker)")
-        if self.devices and (self.strategy != "mirrored" or len(set(self.devices)) != self.replicas):
-            _fail("execution.devices", self.devices,
-                  f"names one distinct device per replica of the mirrored strategy (here {self.replicas}), or is ()")
+        if self.devices != ():
+            if self.strategy != "mirrored" or not _distinct_names(self.devices, self.replicas):
+                _fail("execution.devices", self.devices, "must be a tuple of one distinct device name per replica of the "
+                      f"mirrored strategy (here {self.replicas}), or ()")
         if self.pipeline is not None:
             if not isinstance(self.pipeline, PipelineConfig):
                 _fail("execution.pipeline", self.pipeline, "must be a PipelineConfig or None")
             if self.strategy != "none":
                 _fail("execution.pipeline", self.pipeline,
                       f"is not combined with strategy={self.strategy!r} here: choose one")
-        if self.jit_compile not in (None, True, False):
+        if self.jit_compile is not None and not isinstance(self.jit_compile, bool):
             _fail("execution.jit_compile", self.jit_compile, "must be true, false or null")
         if self.jit_compile and self.strategy != "none":
             _fail("execution.jit_compile", self.jit_compile,
@@ -317,8 +329,10 @@ class ExecutionConfig:
         return self.kind != "replicated" if self.jit_compile is None else self.jit_compile
 
 
-#: Execution settings that change a run's speed but not its numbers: not part of its identity.
+#: Execution settings that change a run's speed but not its numbers (up to float round-off): not
+#: part of its identity. The pipeline's micro-batches do change them (each draws its own noise).
 SPEED_ONLY = ("devices", "jit_compile", "chain_shards", "steps_per_call")
+PIPELINE_SPEED_ONLY = ("schedule", "devices", "recompute_encoder", "slot_device")
 
 _SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
              "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig, "curve": EvaluationConfig,
@@ -408,7 +422,9 @@ class Config:
         """The execution section against the rest: what only VCD's step does, and batch sizes."""
         execution = self.execution
         if execution.kind != "plain" and self.method != "vcd":
-            _fail("execution", execution.kind, f"only VCD's step is pipelined or replicated, not method={self.method!r}")
+            name, value = (("execution.pipeline", execution.pipeline) if execution.pipeline is not None
+                           else ("execution.strategy", execution.strategy))
+            _fail(name, value, f"only VCD's step is pipelined or replicated, not method={self.method!r}")
         if execution.chain_shards is not None and self.method != "vcd":
             _fail("execution.chain_shards", execution.chain_shards,
                   f"only VCD has a chain to shard, not method={self.method!r} (leave it unset)")
@@ -463,10 +479,13 @@ class Config:
         return dataclasses.asdict(self)
 
     def identity(self) -> dict[str, Any]:
-        """What the run computes (``to_dict`` without the execution's ``SPEED_ONLY`` settings): two
-        configs with the same identity train the same numbers, so a run resumes under either."""
+        """What the run computes (``to_dict`` without the execution's ``SPEED_ONLY`` and the
+        pipeline's ``PIPELINE_SPEED_ONLY`` settings): two configs with the same identity train the
+        same numbers, so a run resumes under either."""
         values = self.to_dict()
-        values["execution"] = {k: v for k, v in values["execution"].items() if k not in SPEED_ONLY}
+        execution = values["execution"] = {k: v for k, v in values["execution"].items() if k not in SPEED_ONLY}
+        if execution["pipeline"] is not None:
+            execution["pipeline"] = {k: v for k, v in execution["pipeline"].items() if k not in PIPELINE_SPEED_ONLY}
         return values
 
     def to_json(self) -> str:
@@ -476,11 +495,7 @@ class Config:
     def from_dict(cls, values: Mapping[str, Any]) -> "Config":
         """Build a Config from nested plain values; an unknown key is a ValueError. Files written
         before the execution section (top-level ``strategy`` and ``replicas``) read the same."""
-        if isinstance(values, Mapping) and ("strategy" in values or "replicas" in values):
-            values = dict(values)
-            moved = {key: values.pop(key) for key in ("strategy", "replicas") if key in values}
-            values["execution"] = {**values.get("execution", {}), **moved}
-        return _build(cls, values, prefix="")
+        return _build(cls, _upgrade(values), prefix="")
 
     def replace(self, **overrides: Any) -> "Config":
         """A copy with ``overrides`` merged in; nested sections take dicts (``hmc={...}``, merged
@@ -489,6 +504,22 @@ class Config:
         return Config.from_dict(_merge(self.to_dict(), _plain(overrides), prefix=""))
 
 
+#: Top-level keys of files written before the execution section, and where they live now.
+_MOVED_TO_EXECUTION = ("strategy", "replicas")
+
+
+def _upgrade(values: Any) -> Any:
+    """``values`` with the keys of files written before the execution section moved into it.
+    Raises ValueError when a file holds both (which of the two was meant is unknown)."""
+    if not isinstance(values, Mapping) or not any(key in values for key in _MOVED_TO_EXECUTION):
+        return values
+    if "execution" in values:
+        raise ValueError(f"configuration keys {', '.join(k for k in _MOVED_TO_EXECUTION if k in values)} belong "
+                         "in the execution section, which is given too: keep only execution.strategy and "
+                         "execution.replicas")
+    values = dict(values)
+    values["execution"] = {key: values.pop(key) for key in _MOVED_TO_EXECUTION if key in values}
+    return values
 
 
 def _plain(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -522,7 +553,7 @@ def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
 def merge_values(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` (nested plain values, e.g. ``preset_values``) with ``overrides`` merged in, section
     by section; a ``None`` override unsets the value. Raises ValueError naming an unknown key."""
-    return _merge(base, overrides, prefix="")
+    return _merge(base, _plain(overrides), prefix="")
 
 
 def _merge(base: dict[str, Any], overrides: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -568,7 +599,7 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
         raise ValueError(f"config file {str(path)!r} holds a JSON {type(values).__name__}: it must hold an "
                          "object of configuration keys, e.g. {\"batch_size\": 128}")
     try:
-        return _merge(Config().to_dict(), values, prefix="")
+        return _merge(Config().to_dict(), _upgrade(values), prefix="")
     except ValueError as error:
         raise ValueError(f"config file {str(path)!r}: {error}") from None
 
@@ -581,7 +612,8 @@ def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -
     through to the preset.
     """
     # The preset may leave batch_size or learning_rate unset (bs_experiment); overrides fill them.
-    values = _merge(preset_values(name_or_path), _drop_none(_plain(overrides)), prefix="")
+    # Drop unset options first: a section object's None fields are values (it replaces the section).
+    values = _merge(preset_values(name_or_path), _plain(_drop_none(overrides)), prefix="")
     return Config.from_dict(values)
 
 

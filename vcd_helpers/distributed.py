@@ -142,13 +142,6 @@ def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def strategy_name(strategy: tf.distribute.Strategy | None) -> str:
-    """The name ``make_strategy`` knows ``strategy`` by ('none', 'mirrored' or 'multi_worker')."""
-    if strategy is None:
-        return "none"
-    return "multi_worker" if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) else "mirrored"
-
-
 def replica_devices(num_replicas: int) -> list[str]:
     """Devices for ``num_replicas`` mirrored replicas: the first GPUs if there are enough, else
     logical CPUs split from the CPU (so call it before TensorFlow initialises its devices)."""
@@ -159,18 +152,19 @@ def replica_devices(num_replicas: int) -> list[str]:
     return split_physical_device(num_replicas)
 
 
-@functools.cache
 def strategy_for(execution: ExecutionConfig) -> tf.distribute.Strategy | None:
     """The strategy of an execution section, made once per process (for 'multi_worker', before
     any other TensorFlow op): ``execution.replicas`` mirrored replicas on ``execution.devices``
-    (empty: ``replica_devices``), one replica per TF_CONFIG worker, or None.
+    (empty: ``replica_devices``), one replica per TF_CONFIG worker, or None. Sections that differ
+    only in speed settings get the same strategy.
 
     Raises ValueError when the strategy has another number of replicas than the section."""
-    name, replicas = execution.strategy, execution.replicas
-    devices = None
-    if name == "mirrored":
-        devices = list(execution.devices) or replica_devices(replicas)
-    strategy = make_strategy(name, devices)
+    return _strategy(execution.strategy, execution.replicas, execution.devices)
+
+
+@functools.cache
+def _strategy(name: str, replicas: int, devices: tuple[str, ...]) -> tf.distribute.Strategy | None:
+    strategy = make_strategy(name, (list(devices) or replica_devices(replicas)) if name == "mirrored" else None)
     if strategy is not None and strategy.num_replicas_in_sync != replicas:
         raise ValueError(f"execution.replicas={replicas} is invalid: the {name} strategy has "
                          f"{strategy.num_replicas_in_sync} replicas")
@@ -187,8 +181,13 @@ class ReplicatedVCDTrainer(VCDTrainer):
     """
 
     def __init__(self, model: VAE, config: Config):
+        """Raises ValueError for a model made outside the strategy's scope (its weights would not
+        be mirrored)."""
         self.strategy = strategy_for(config.execution)
         self.num_replicas = self.strategy.num_replicas_in_sync
+        if not all(self.strategy.extended.variable_created_in_scope(v) for v in model.variables):
+            raise ValueError("the model was made outside the strategy's scope, so its weights are not mirrored: "
+                             "build the trainer with trainers.build_trainer(config)")
         with self.strategy.scope():
             super().__init__(model, config)
 

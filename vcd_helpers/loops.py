@@ -100,7 +100,7 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
 
     ``steps_per_call`` = 1 calls the compiled step once per batch from Python; k > 1 runs k steps
     per call with ``make_training_loop`` (``batches`` must then be a ``tf.data.Dataset`` or its
-    iterator); None takes the trainer's (a pipeline's ``device_iterations``, else 1).
+    iterator); None takes the trainer's (``config.execution.steps_per_call``, else 1).
     ``on_step(step, metrics)`` is called for every finite step, after the call that ran it (the
     training command logs and checkpoints there, so its boundaries must be multiples of
     ``steps_per_call``). Without ``on_step``, returns each metric as a [num_steps] numpy array,

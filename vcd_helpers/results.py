@@ -3,7 +3,7 @@
 Layout of a results directory ``DIR`` (the training command writes it; the chapters, the
 evaluation command and the experiment runner read it):
 
-    DIR/config.json      the resolved configuration (what ``Config.to_dict`` gives)
+    DIR/config.json      what the run computes (``Config.identity``: the config without speed settings)
     DIR/metrics.csv      one row per logging window: step, wall_time and the window's mean metrics
     DIR/tensorboard/     the same scalars for TensorBoard
     DIR/checkpoints/     tf.train checkpoints (the newest few)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, ExecutionConfig
 from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_for
 from vcd_helpers.model import VAE
 from vcd_helpers.pipeline import PipelinedVCDTrainer
@@ -50,7 +50,8 @@ def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None 
     run the training command on the directory. Raises FileNotFoundError when the run has not
     finished, RunDirectoryError when its files are damaged."""
     config = require_config(results_dir)
-    trainer = build_trainer(config.replace(execution={"jit_compile": jit_compile}))
+    # A plain trainer whatever the run's execution: the state is the same in all of them.
+    trainer = build_trainer(config.replace(execution=ExecutionConfig(jit_compile=jit_compile)))
     read_final_weights(results_dir, trainer.checkpoint_objects())
     trainer.step.assign(config.num_steps)
     return trainer

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from vcd_helpers.config import Config
+from vcd_helpers.config import Config, ExecutionConfig
 from vcd_helpers.model import VAE
 from vcd_helpers.results import (DamagedWeights, RunDirectoryError, checkpoint_steps, read_final_weights,
                                  require_config, warn)
@@ -129,7 +129,7 @@ def latest_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None =
     model and the chain's state as the next step would read them; ``step`` is that step.
     Raises RunDirectoryError when the directory holds no state."""
     config = require_config(results_dir)
-    trainer = build_trainer(config.replace(execution={"jit_compile": jit_compile}))
+    trainer = build_trainer(config.replace(execution=ExecutionConfig(jit_compile=jit_compile)))  # plain, as restore_trainer
     trainer.step.assign(read_final_or_latest(RunDirectory(Path(results_dir)), trainer.checkpoint_objects(),
                                              config.num_steps))
     return trainer

@@ -121,8 +121,8 @@ class RunDirectory:
     def claim(self, config: Config) -> None:
         """Make the directory this run's, or raise RunDirectoryError if it holds another run.
 
-        An empty or missing directory is claimed by writing ``config.json``. A directory with
-        the same resolved config is reused (the run resumes). Anything else is refused.
+        An empty or missing directory is claimed by writing ``config.json`` (``Config.identity``).
+        A directory with the same identity is reused (the run resumes). Anything else is refused.
         """
         stored = self.stored_config()
         if stored is None:

@@ -19,6 +19,7 @@ from vcd_helpers.runs.directory import RunDirectory, keep_rows_up_to
 from vcd_helpers.runs.evaluate import evaluation_record
 from vcd_helpers.timing import time_calls
 
+
 def window_means(window: dict[str, list[float]], names: list[str]) -> tuple[dict[str, float], list[str]]:
     """A logging window's mean of each metric, and those means as metrics.csv writes them (7
     significant digits: what a resumed run, or a replay, is compared by)."""

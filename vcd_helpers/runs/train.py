@@ -71,13 +71,13 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     """
     if config.execution.steps_per_call is None:
         config = config.replace(execution={"steps_per_call": default_steps_per_call(config)})
+    trainer = build_trainer(config)  # first: what it refuses (e.g. a missing device) leaves no directory
     run = RunDirectory(Path(results_dir))
     with run.lock(command or "train_run"):
         run.claim(config)
         stored = run.stored_results()
         if stored is not None:
             return stored
-        trainer = build_trainer(config)
         train_seconds = _train_to_the_end(config, run, trainer, command=command, progress=progress)
         return _finish(config, run, trainer, train_seconds, command=command)
 
