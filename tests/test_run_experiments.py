@@ -30,6 +30,23 @@ def _config(run):
     return config_from_options(run.options)
 
 
+def test_every_committed_config_reads_and_each_planned_run_is_the_run_it_committed():
+    # The identity a run is resumed under: the files written before the execution section (top-level
+    # strategy and replicas) read as the same runs that the plan's options resolve to today.
+    from vcd_helpers.config import Config
+    from vcd_helpers.results import COMMITTED_RESULTS, read_config
+
+    stored = {path.name: read_config(path) for path in sorted(COMMITTED_RESULTS.iterdir())
+              if (path / "config.json").exists()}
+    assert len(stored) >= 20
+    for config in stored.values():
+        assert Config.from_dict(config.identity()).identity() == config.identity()
+    planned = [run for run in PLAN if run.name in stored]
+    assert len(planned) >= 13
+    for run in planned:
+        assert _config(run).identity() == stored[run.name].identity(), run.name
+
+
 def test_the_plan_is_the_issue_list_of_valid_runs():
     configs = {run.name: _config(run) for run in PLAN}
     assert len(configs) == len(PLAN) == 22
