@@ -91,6 +91,16 @@ def test_sigmoid_schedule_runs_from_zero_to_one():
     assert betas[0] == 0.0 and betas[-1] == 1.0 and np.all(np.diff(betas) > 0) and len(betas) == 11
 
 
+def test_sigmoid_schedule_is_symmetric_half_way_at_the_middle_and_dense_at_both_ends():
+    # A sigmoid's spacing: beta_t + beta_(T - t) = 1, so the middle temperature is 1/2, and the steps
+    # grow from each end towards the middle.
+    betas = evaluation.sigmoid_schedule(10)
+    np.testing.assert_allclose(betas + betas[::-1], 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(betas[5], 0.5, rtol=0, atol=1e-12)
+    steps = np.diff(betas)
+    assert np.all(np.diff(steps[:5]) > 0) and np.all(np.diff(steps[5:]) < 0), steps
+
+
 def test_an_evaluation_of_n_examples_scores_the_first_n_images():
     from vcd_helpers.config import EvaluationConfig, HMCConfig
     from vcd_helpers.model import VAE
@@ -122,3 +132,19 @@ def test_an_evaluation_takes_done_batches_of_the_right_length_as_they_are_and_re
     assert handed == [1, 2]
     np.testing.assert_array_equal(resumed[:2], [7.0, 7.0])
     np.testing.assert_allclose(resumed[2:], fresh[2:], rtol=1e-6)
+
+
+def test_on_batch_is_handed_each_computed_batchs_own_estimates():
+    from vcd_helpers.config import EvaluationConfig, HMCConfig, ModelConfig
+    from vcd_helpers.model import VAE
+
+    images = (np.random.default_rng(0).random([6, 784]) < 0.2).astype(np.float32)
+    model = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    evaluate = evaluation.make_evaluator(model, EvaluationConfig(batch_size=2, num_samples=4, chunk_size=4,
+                                                                 proposal="encoder"), HMCConfig())
+    handed = {}
+    result = evaluate(images, 3, done={0: np.full(2, 7.0, np.float32)},
+                      on_batch=lambda k, values: handed.__setitem__(k, values))
+    assert sorted(handed) == [1, 2]
+    for k in (1, 2):
+        np.testing.assert_array_equal(handed[k], result.per_example[2 * k: 2 * k + 2])

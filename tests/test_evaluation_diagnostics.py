@@ -233,3 +233,9 @@ def test_the_chain_is_reproducible(model):
 def test_the_chain_rejects_bad_input_naming_it(model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _chain(model, **kwargs)
+
+
+def test_the_chain_takes_its_settings_by_name_only(model):
+    # Keyword-only, so that a call cannot swap burn_in and kept (both counts) unnoticed.
+    with pytest.raises(TypeError):
+        hmc_posterior_chain(model, X, 1, 1, 0.1, 2, 2)

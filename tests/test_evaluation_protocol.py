@@ -64,3 +64,27 @@ def test_the_chains_start_at_the_encoder_mean(model):
                                                  num_leapfrog_steps=1)
     np.testing.assert_allclose(mean, model.encoder(X)[0], atol=1e-5)
     np.testing.assert_array_equal(std, tf.zeros_like(std))
+
+
+def test_the_protocols_functions_take_their_seed_by_name_only(model):
+    # Keyword-only, so that a seed cannot land in another count's place unnoticed.
+    with pytest.raises(TypeError):
+        evaluation.proposal_for(model, X, _protocol("encoder"), HMC, 1)
+    with pytest.raises(TypeError):
+        evaluation.evaluate_log_likelihood(model, X.numpy(), _protocol("encoder"), HMC, 1)
+
+
+def test_ais_draws_per_batch_of_100_images_by_default():
+    # Batch k draws from fold_in(seed, k): the default batching is part of the committed AIS
+    # estimates' identity. 101 images: image 100 is in batch 1 with batches of 100, in batch 0 with 101.
+    from vcd_helpers.config import ModelConfig
+
+    tiny = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    images = (np.random.default_rng(1).random([101, 784]) < 0.2).astype(np.float32)
+
+    def ais(**kwargs):
+        return evaluation.ais_log_likelihood(tiny, images, HMC, num_temperatures=2, num_chains=2, seed=3, **kwargs)
+
+    default = ais()
+    np.testing.assert_array_equal(default, ais(batch_size=100))
+    assert default[100] != ais(batch_size=101)[100]

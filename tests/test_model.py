@@ -34,6 +34,17 @@ def test_initialisation_follows_the_reference():
     assert not np.array_equal(VAE(seed=2).decoder.net.biases[0], model.decoder.net.biases[0])
 
 
+def test_only_an_mlps_last_layer_draws_from_a_unit_normal_whatever_its_depth():
+    # Hidden layers N(0, 1 / sizes[1]) (the first hidden width), the output layer N(0, 1), for any number
+    # of layers and widths (the VAE's networks have three layers and one hidden width).
+    from vcd_helpers.model import MLP
+
+    for sizes in ([20, 400, 100], [20, 400, 400, 400, 400]):
+        stds = [float(np.std(w.numpy())) for w in MLP(sizes, seed=0).weights]
+        np.testing.assert_allclose(stds[:-1], 1 / np.sqrt(sizes[1]), rtol=0.05)
+        np.testing.assert_allclose(stds[-1], 1.0, rtol=0.05)
+
+
 def test_every_weight_and_bias_is_a_draw_of_its_own():
     # Stateless draws from one seed share their leading values whatever the shape, so a seed used
     # twice shows as two variables whose first values are proportional (e.g. a bias equal to the first

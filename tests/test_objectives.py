@@ -148,6 +148,15 @@ def test_fit_by_the_elbo_is_the_closed_form_mode_seeking_gaussian():
     assert fit.step_size == pytest.approx(0.1)  # the ELBO runs no chain
 
 
+def test_a_fit_returns_its_last_steps_loc_and_scale():
+    fit = objectives.fit_diagonal_gaussian(_target().log_prob, [1.0, 1.0], [0.3, 0.3], objective="elbo",
+                                           num_steps=3, seed=0)
+    assert fit.loc_history.shape == fit.scale_history.shape == (3, 2)
+    np.testing.assert_array_equal(fit.loc, fit.loc_history[-1])
+    np.testing.assert_array_equal(fit.scale, fit.scale_history[-1])
+    assert not np.array_equal(fit.scale_history[-1], fit.scale_history[-2])  # the scale moves every step
+
+
 def test_fit_by_vcd_is_wider_than_the_elbo_and_narrower_than_the_marginals():
     fit = objectives.fit_diagonal_gaussian(_target().log_prob, [1.0, 1.0], [0.3, 0.3], objective="vcd",
                                            num_steps=300, seed=0)

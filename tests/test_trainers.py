@@ -276,6 +276,17 @@ def test_the_vcd_step_reports_per_example_losses_and_trains_only_the_model():
     assert {id(v) for v in trainer.trainable_variables} == {id(v) for v in trainer.model.trainable_variables}
 
 
+def test_the_reported_losses_are_the_batch_sums_divided_exactly_by_the_batch_size():
+    # 12 / 8 = 1.5 and -20 / 8 = -2.5, not rounded (an untrained model's summed encoder loss, about
+    # 1e9 in float32, is already an integer and would hide a floor division).
+    trainer = _vcd_trainer()
+    x, baseline = _batch(), tf.zeros([8])
+    estimate = trainer.estimate_gradients(x, baseline, tf.constant([7, 11]))
+    estimate = estimate._replace(encoder_loss=tf.constant(12.0), decoder_loss=tf.constant(-20.0))
+    metrics = trainer.apply_estimate(INDEX, x, baseline, estimate)
+    assert float(metrics["encoder_loss"]) == 1.5 and float(metrics["decoder_loss"]) == -2.5
+
+
 def test_g_terms_are_the_terms_of_the_steps_g_and_change_no_state():
     from vcd_helpers.variance import g_terms
 
