@@ -62,3 +62,19 @@ def test_few_temperatures_recover_the_exact_normaliser(num_temperatures):
     result = _ais(num_temperatures)
     np.testing.assert_allclose(result.log_normalizer.numpy(), C, atol=0.1)
     assert np.all(result.log_weights.numpy().mean(axis=0) < C - 0.3)
+
+
+def test_ais_takes_its_settings_by_name_only():
+    # Keyword-only, so that a call cannot swap two counts (temperatures, chains, leapfrog steps) unnoticed.
+    with pytest.raises(TypeError):
+        annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), 2, 2, 1, 0.3, 0)
+
+
+def test_ais_runs_on_starts_whose_latent_size_is_only_known_at_run_time():
+    # Traced for any [B, D]: the latent size falls back to the runtime shape, and the draws are the same.
+    spec = tf.TensorSpec([None, None], tf.float32)
+    settings = dict(num_temperatures=2, num_chains=8, num_leapfrog_steps=2, step_size=0.3, seed=5)
+    traced = tf.function(lambda loc, scale: annealed_importance_sampling(_target, loc, scale, **settings).log_normalizer,
+                         input_signature=[spec, spec])
+    eager = annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), **settings).log_normalizer
+    np.testing.assert_allclose(traced(tf.zeros([4, 3]), tf.ones([4, 3])), eager, rtol=1e-5, atol=1e-4)

@@ -74,6 +74,23 @@ def test_the_protocols_functions_take_their_seed_by_name_only(model):
         evaluation.evaluate_log_likelihood(model, X.numpy(), _protocol("encoder"), HMC, 1)
 
 
+def test_make_evaluator_takes_effective_sample_size_by_name_only(model):
+    # Keyword-only, so that a stray positional flag cannot switch on the S_eff output unnoticed.
+    with pytest.raises(TypeError):
+        evaluation.make_evaluator(model, _protocol("encoder"), HMC, True)
+
+
+def test_evaluate_log_likelihood_draws_from_seed_0_by_default(model):
+    protocol = dataclasses.replace(EvaluationConfig(), proposal="encoder", num_samples=8, chunk_size=8)
+
+    def per_example(**kwargs):
+        return evaluation.evaluate_log_likelihood(model, X.numpy(), protocol, HMC, **kwargs).per_example
+
+    default = per_example()
+    np.testing.assert_array_equal(default, per_example(seed=0))
+    assert not np.array_equal(default, per_example(seed=1))
+
+
 def test_ais_draws_per_batch_of_100_images_by_default():
     # Batch k draws from fold_in(seed, k): the default batching is part of the committed AIS
     # estimates' identity. 101 images: image 100 is in batch 1 with batches of 100, in batch 0 with 101.

@@ -188,9 +188,21 @@ def test_fit_defaults_are_the_documented_settings():
     ({"step_size": float("nan")}, "step_size=nan is invalid"),
     ({"initial_scale": [1.0, 0.0]}, r"initial_scale=\[1.0, 0.0\] is invalid"),
     ({"initial_scale": [1.0]}, "must be vectors of one length"),
+    ({"initial_loc": [[0.0, 0.0]], "initial_scale": [[1.0, 1.0]]}, "must be vectors of one length"),  # matrices
 ])
 def test_fit_refuses_bad_input(overrides, message):
     arguments = {"initial_loc": [0.0, 0.0], "initial_scale": [1.0, 1.0], "objective": "elbo", "num_steps": 2}
     arguments.update(overrides)
     with pytest.raises(ValueError, match=message):
         objectives.fit_diagonal_gaussian(_target().log_prob, **arguments)
+
+
+def test_the_encoder_loss_at_a_start_with_a_zero_coordinate_is_its_closed_form():
+    # The pathwise term's value is -log p(x, z0) whatever z0 is, a coordinate at exactly 0 included.
+    z0, zT = tf.constant([[0.0, 0.5]]), tf.constant([[0.1, 0.2]])
+    loss, g = objectives.encoder_surrogate_loss(tf.zeros([1, 2]), tf.ones([1, 2]), z0, zT, tf.constant([-1.0]),
+                                                tf.constant([[0.3, -0.4]]), tf.constant([-2.0]), tf.constant([0.0]))
+    expected_g = -2.0 + 0.5 * (0.1**2 + 0.2**2)
+    log_q0 = -np.log(2 * np.pi) - 0.5 * 0.5**2
+    np.testing.assert_allclose(g, [expected_g], rtol=1e-6)
+    np.testing.assert_allclose(loss, 1.0 + expected_g + expected_g * log_q0, rtol=1e-5)

@@ -149,6 +149,14 @@ def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(
     assert max_relative_error(estimates["float32"], actual) > 1e-3
 
 
+def test_accumulation_refuses_a_batch_that_is_not_a_multiple_of_the_micro_batch(batch):
+    # 24 rows in micro-batches of 5 would drop 4 of them: refused before any estimate is computed.
+    config, _, x = batch
+    plain = build_trainer(config.replace(execution={"jit_compile": False}))
+    with pytest.raises(ValueError, match="batch of 24 is not a multiple of micro_batch_size=5"):
+        accumulate_gradients(plain, x, tf.zeros([24]), tf.constant([1, 2]), micro_batch_size=5)
+
+
 def test_one_micro_batch_is_the_plain_estimator(batch):
     config, _, x = batch
     plain = build_trainer(config.replace(execution={"jit_compile": False}))

@@ -185,6 +185,21 @@ def test_the_encoder_gradient_is_the_estimators_closed_form():
 
 # build_trainer: which trainer each execution and method gets, and what it refuses --------------
 
+def test_only_a_plain_step_cuts_its_chain_into_blocks(monkeypatch):
+    # A replicated or pipelined step's devices already run concurrently: one block; a plain step
+    # takes execution.chain_shards, else one block per compute thread.
+    from vcd_helpers import training
+    from vcd_helpers.config import PipelineConfig
+
+    monkeypatch.setattr(training, "compute_threads", lambda: 4)
+    vcd = load_config("tiny")
+    pipeline = PipelineConfig(micro_batch_size=10, gradient_accumulation=5)
+    assert training.chain_blocks(vcd.execution) == 4
+    assert training.chain_blocks(vcd.replace(execution={"chain_shards": 3}).execution) == 3
+    assert training.chain_blocks(vcd.replace(execution={"strategy": "mirrored", "replicas": 2}).execution) == 1
+    assert training.chain_blocks(vcd.replace(execution={"pipeline": pipeline}).execution) == 1
+
+
 def test_each_execution_and_method_gets_its_trainer():
     from vcd_helpers.config import PipelineConfig
     from vcd_helpers.pipeline import PipelinedVCDTrainer
