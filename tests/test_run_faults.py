@@ -72,6 +72,19 @@ def test_a_second_process_is_refused_naming_the_holder(tmp_path, config_file, ca
     assert not (tmp_path / "run" / "config.json").exists()  # refused before touching anything
 
 
+@pytest.mark.parametrize("command", [["--proposal", "encoder"], ["--ais", "--examples", "1", "--temperatures", "5"]])
+def test_evaluate_holds_the_directory_as_training_does(tmp_path, finished, capsys, monkeypatch, command):
+    run = _copy(finished, tmp_path)
+    with RunDirectory(run).lock("the training command"):  # a second evaluation, or training, is refused
+        assert main(["evaluate", str(run), *command]) == 2
+    assert f"is in use by process {os.getpid()}: the training command" in _error(capsys)
+    holders = []  # and while it evaluates, the directory names it (--status shows the run evaluating)
+    monkeypatch.setattr(run_evaluation, "_save_evaluation", lambda *a: holders.append(RunDirectory(run).holder()) or {})
+    assert main(["evaluate", str(run), *command]) == 0
+    assert holders == [f"process {os.getpid()}: evaluate" + (", proposal encoder" if "--proposal" in command else " --ais")]
+    assert RunDirectory(run).holder() is None
+
+
 def test_a_stale_lock_left_by_a_killed_process_does_not_block(tmp_path, finished):
     run = _copy(finished, tmp_path)
     (run / ".lock").write_text("process 999999: killed with -9\n")  # its flock died with it

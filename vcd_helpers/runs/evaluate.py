@@ -24,6 +24,7 @@ from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
 from vcd_helpers.results import PARTIAL_DIR, RunDirectoryError, evaluation_file_name, read_partial
 from vcd_helpers.runs.checkpoints import latest_model
+from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.timing import Stopwatch, time_calls
 
 def evaluate_saving_batches(model: VAE, evaluation: EvaluationConfig, config: Config, results_dir: Path,
@@ -81,13 +82,16 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     """Recompute the log-likelihood of a run's model (``checkpoints.latest_model``) with its configured
     evaluation, changed by ``overrides`` (fields of EvaluationConfig: proposal, num_samples,
     num_examples, ...). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
-    every image beside it (.npy); returns the record."""
+    every image beside it (.npy); returns the record. Holds the directory's lock while it works,
+    as training does (``--status`` shows the run evaluating). Raises RunDirectoryError naming the
+    holder when another process has the directory."""
     model, config, step = _restore_writable(results_dir)
     evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
-    result, seconds, discard_batches = evaluate_saving_batches(model, evaluation, config, Path(results_dir), step)
-    record = _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation),
-                              evaluation_record(result, evaluation), result.per_example, step, seconds)
-    discard_batches()
+    with RunDirectory(Path(results_dir)).lock(f"evaluate, proposal {evaluation.proposal}"):
+        result, seconds, discard_batches = evaluate_saving_batches(model, evaluation, config, Path(results_dir), step)
+        record = _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation),
+                                  evaluation_record(result, evaluation), result.per_example, step, seconds)
+        discard_batches()
     return record
 
 
@@ -96,18 +100,20 @@ def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100,
     """The annealed importance sampling estimate of log p(x) (``evaluation.ais_log_likelihood``)
     of the first ``num_examples`` images of the run's evaluation split, with the run's HMC
     settings: an independent check of the importance-sampled number. Writes
-    evaluation-ais-T{temperatures}-K{chains}-N{examples}.json and .npy; returns the record."""
+    evaluation-ais-T{temperatures}-K{chains}-N{examples}.json and .npy; returns the record.
+    Holds the directory's lock while it works, as ``evaluate_run`` does."""
     model, config, step = _restore_writable(results_dir)
     # The importance-sampling evaluation's own check: positive, and no more than the split holds.
     evaluation = dataclasses.replace(config.evaluation, num_examples=num_examples)
     images = load_binarized_mnist(evaluation.split)[:evaluation.num_examples]
-    timed = time_calls(lambda: ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
-                                                  num_chains=num_chains, seed=config.seed), repeats=1, warmup=0)
-    per_example = timed.outputs[0]
-    record = _summary(per_example, config.evaluation.split) | {"method": "ais", "num_temperatures": num_temperatures,
-                                                               "num_chains": num_chains}
-    name = f"evaluation-ais-T{num_temperatures}-K{num_chains}-N{len(images)}.json"
-    return _save_evaluation(Path(results_dir) / name, record, per_example, step, timed.median)
+    with RunDirectory(Path(results_dir)).lock("evaluate --ais"):
+        timed = time_calls(lambda: ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,
+                                                      num_chains=num_chains, seed=config.seed), repeats=1, warmup=0)
+        per_example = timed.outputs[0]
+        record = _summary(per_example, config.evaluation.split) | {"method": "ais", "num_temperatures": num_temperatures,
+                                                                   "num_chains": num_chains}
+        name = f"evaluation-ais-T{num_temperatures}-K{num_chains}-N{len(images)}.json"
+        return _save_evaluation(Path(results_dir) / name, record, per_example, step, timed.median)
 
 
 def _restore_writable(results_dir: str | os.PathLike) -> tuple[VAE, Config, int]:
