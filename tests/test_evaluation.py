@@ -148,3 +148,33 @@ def test_on_batch_is_handed_each_computed_batchs_own_estimates():
     assert sorted(handed) == [1, 2]
     for k in (1, 2):
         np.testing.assert_array_equal(handed[k], result.per_example[2 * k: 2 * k + 2])
+
+
+def test_scoring_in_blocks_gives_the_same_numbers_from_blocks_of_at_most_the_block():
+    x = tf.constant(rng.normal(size=(4, P)), tf.float32)
+    seen = []
+
+    def recording(x, z):
+        seen.append(z.shape[0])
+        return log_joint(x, z)
+
+    for samples, block, pieces in [(5, 2, [2, 2, 1]), (6, 3, [3, 3]), (3, 8, [3]), (1, 1, [1])]:
+        z = tf.constant(rng.normal(size=(samples, 4, D)), tf.float32)
+        seen.clear()
+        blocked = evaluation.log_joint_in_blocks(recording, block)(x, z)
+        assert seen == pieces
+        np.testing.assert_array_equal(blocked.numpy(), log_joint(x, z).numpy())
+
+
+def test_the_evaluator_scores_each_chunk_in_blocks():
+    from vcd_helpers.config import EvaluationConfig, HMCConfig, ModelConfig
+    from vcd_helpers.model import VAE
+
+    model = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    seen = []
+    log_joint_of_model = model.log_joint
+    model.log_joint = lambda x, z: seen.append(z.shape[0]) or log_joint_of_model(x, z)
+    images = (np.random.default_rng(0).random([2, 784]) < 0.2).astype(np.float32)
+    evaluation.make_evaluator(model, EvaluationConfig(batch_size=2, num_samples=10, chunk_size=5, proposal="encoder"),
+                              HMCConfig())(images)
+    assert seen == [evaluation.SCORE_BLOCK] * (5 // evaluation.SCORE_BLOCK) + [5 % evaluation.SCORE_BLOCK]

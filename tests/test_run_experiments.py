@@ -276,3 +276,25 @@ def test_status_names_log_rows_lost_before_the_newest_checkpoint(tmp_path, monke
                                                       "12500,25,600,-110.5,0.5,1000,2000,hmc_moments,60\n")
     lines = runner.status(tmp_path).splitlines()
     assert f"damaged    {directory}/{named}" in lines[2], lines[2]
+
+
+def test_an_evaluation_no_other_run_can_join_gets_every_core(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    launched = []
+
+    class Process:  # records what the runner gives the command, and ends at once
+        def __init__(self, argv, *, env, **_):
+            launched.append((argv[3], env["TF_NUM_INTRAOP_THREADS"]))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Process)
+    jobs = runner.Runner(tmp_path, tmp_path, 2, log=lambda message: None)
+    for active, pending in [(2, []), (1, PLAN[:1]), (1, [])]:
+        jobs.active, jobs.pending = active, pending
+        for command in ("train", "evaluate"):
+            jobs._call("run", [command])
+    # Two runs, or one with more to come: each process its share; the last run's evaluation: all four.
+    assert launched == [("train", "2"), ("evaluate", "2"), ("train", "2"), ("evaluate", "2"),
+                        ("train", "2"), ("evaluate", "4")]

@@ -283,6 +283,24 @@ class EvaluationResult(NamedTuple):
     effective_sample_size: np.ndarray | None = None
 
 
+#: Importance samples scored at once inside a chunk by the evaluator: [2 x batch, 784] logits stay in
+#: the CPU's cache, where a whole chunk's (100 x 500 x 784 floats, 157 MB) go through memory. The
+#: same numbers (each row's multiply is the same), about 8% faster on one core.
+SCORE_BLOCK = 2
+
+
+def log_joint_in_blocks(log_joint_fn: LogJointFn, block: int = SCORE_BLOCK) -> LogJointFn:
+    """``log_joint_fn`` for z [C, B, D], computed over blocks of ``block`` samples and concatenated:
+    (x [B, ...], z [C, B, D]) -> [C, B], the same values. C must be static (a chunk's size)."""
+    check_positive_int("block", block)
+
+    def in_blocks(x: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
+        sizes = [block] * (z.shape[0] // block) + ([z.shape[0] % block] if z.shape[0] % block else [])
+        return tf.concat([log_joint_fn(x, part) for part in tf.split(z, sizes)], axis=0)
+
+    return in_blocks
+
+
 def make_evaluator(model: VAE, evaluation: EvaluationConfig, hmc: HMCConfig, *,
                    effective_sample_size: bool = False) -> Callable[[np.ndarray, SeedLike], EvaluationResult]:
     """A function ``(images [N, 784], seed) -> EvaluationResult`` computing the importance-sampled
@@ -303,7 +321,7 @@ def make_evaluator(model: VAE, evaluation: EvaluationConfig, hmc: HMCConfig, *,
     def estimate(x, batch_seed):
         proposal_seed, sample_seed = tf.unstack(split_seed(batch_seed, 2))
         loc, scale = proposal_for(model, x, evaluation, hmc, seed=proposal_seed)
-        return importance_sampled_log_likelihood(model.log_joint, x, loc, scale,
+        return importance_sampled_log_likelihood(log_joint_in_blocks(model.log_joint), x, loc, scale,
                                                  num_samples=evaluation.num_samples,
                                                  chunk_size=evaluation.chunk_size, seed=sample_seed,
                                                  return_effective_sample_size=effective_sample_size)

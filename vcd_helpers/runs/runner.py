@@ -127,23 +127,37 @@ class Runner:
         self.root, self.code, self.jobs, self.log = root, code, jobs, log
         self.processes: set[subprocess.Popen] = set()
         self.stopping = False
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        self.pending: list[PlannedRun] = []
+        self.active = 0  # runs a worker has taken and not finished
+        self.guard = threading.Lock()
         # Each job gets its share of the cores: two single-threaded runs keep two cores busier
         # than two runs that each try to use both.
+        self.threads = max(1, (os.cpu_count() or 1) // jobs)
         # SUPERVISOR_ENV: every training and evaluation dies with this runner, however it dies (its
         # worker thread, which the kernel watches, waits on the process to the end).
-        self.env = os.environ | {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
+        self.env = os.environ | {"TF_NUM_INTRAOP_THREADS": str(self.threads), "TF_NUM_INTEROP_THREADS": "1",
                                  "TF_CPP_MIN_LOG_LEVEL": "3", SUPERVISOR_ENV: str(os.getpid())}
         self.poll_seconds = 5.0
         self.env.pop("PYTHONPATH", None)
 
+    def threads_for(self, command: str) -> int:
+        """Compute threads for a process running ``command``: the job's share of the cores, or every
+        core for an evaluation no other run can join (none pending, none other active), which would
+        leave the other cores idle. Its numbers do not depend on the threads; a training's chain is
+        cut into one block per thread, so a training keeps its share whatever runs beside it."""
+        with self.guard:
+            alone = command == "evaluate" and self.active <= 1 and not self.pending
+        return (os.cpu_count() or 1) if alone else self.threads
+
     def _call(self, name: str, argv: list[str]) -> int:
         logs = self.root / "logs"
         logs.mkdir(exist_ok=True)
+        threads = self.threads_for(argv[0])
         with open(logs / f"{name}.log", "a") as out:
-            out.write(f"\n[{datetime.now():%Y-%m-%d %H:%M:%S}] {' '.join(argv)}\n")
+            out.write(f"\n[{datetime.now():%Y-%m-%d %H:%M:%S}] {' '.join(argv)} ({threads} threads)\n")
             out.flush()
-            process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", *argv], cwd=self.code, env=self.env,
+            process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", *argv], cwd=self.code,
+                                       env=self.env | {"TF_NUM_INTRAOP_THREADS": str(threads)},
                                        stdout=out, stderr=subprocess.STDOUT)
             self.processes.add(process)
             code = process.wait()
@@ -185,21 +199,23 @@ class Runner:
         return "done; small files in " + str((RESULTS / run.name).relative_to(ROOT))
 
     def run(self, plan: list[PlannedRun]) -> int:
-        pending = [run for run in plan if not (_is_done(run, self.root / "runs" / run.name) or _is_committed(run))]
-        self.log(f"{len(plan) - len(pending)} of {len(plan)} runs done; {len(pending)} to go, {self.jobs} at a time")
+        self.pending = [run for run in plan if not (_is_done(run, self.root / "runs" / run.name) or _is_committed(run))]
+        self.log(f"{len(plan) - len(self.pending)} of {len(plan)} runs done; {len(self.pending)} to go, "
+                 f"{self.jobs} at a time")
         failures = 0
-        lock = threading.Lock()
 
         def worker() -> None:
             nonlocal failures
             while True:
-                with lock:
-                    if not pending or self.stopping:
+                with self.guard:
+                    if not self.pending or self.stopping:
                         return
-                    run = pending.pop(0)
+                    run = self.pending.pop(0)
+                    self.active += 1
                 self.log(f"{run.name}: started")
                 outcome = self.work(run)
-                with lock:
+                with self.guard:
+                    self.active -= 1
                     failures += not outcome.startswith(("done", "not started", "stopped"))
                 self.log(f"{run.name}: {outcome}")
 
