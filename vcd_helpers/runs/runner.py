@@ -135,8 +135,9 @@ class Runner:
         self.threads = max(1, (os.cpu_count() or 1) // jobs)
         # SUPERVISOR_ENV: every training and evaluation dies with this runner, however it dies (its
         # worker thread, which the kernel watches, waits on the process to the end).
-        self.env = os.environ | {"TF_NUM_INTRAOP_THREADS": str(self.threads), "TF_NUM_INTEROP_THREADS": "1",
-                                 "TF_CPP_MIN_LOG_LEVEL": "3", SUPERVISOR_ENV: str(os.getpid())}
+        # Each process's intra-op threads are set at its launch (threads_for).
+        self.env = os.environ | {"TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+                                 SUPERVISOR_ENV: str(os.getpid())}
         self.poll_seconds = 5.0
         self.env.pop("PYTHONPATH", None)
 
