@@ -49,7 +49,7 @@ def test_every_committed_config_reads_and_each_planned_run_is_the_run_it_committ
 
 def test_the_plan_is_the_issue_list_of_valid_runs():
     configs = {run.name: _config(run) for run in PLAN}
-    assert len(configs) == len(PLAN) == 22
+    assert len(configs) == len(PLAN) == 26
     headline = [run.name for run in PLAN if run.headline]
     # Runs 1-3 first, then the 1,600-epoch run (claim 4), which thus takes one of the two slots.
     assert headline == ["vcd_scheduled_e800_s0", "vae_e800_s0", "vcd_global_e800_s0", "vcd_scheduled_e1600_s0"]
@@ -66,13 +66,22 @@ def test_the_plan_is_the_issue_list_of_valid_runs():
     assert configs["vcd_global_e800_s0"].control_variate.kind == "global"
     assert configs["vae_e800_s0"].method == "vae"
     assert configs["vcd_local_e100_s2"].control_variate.kind == "local" and configs["vcd_local_e100_s2"].seed == 2
+    # Claim 1's seeds at the paper's length: runs 1 and 2 but for the seed and the learning curve,
+    # their weights kept, no other proposals; the four first in line after the headline runs.
+    seeds = [f"{kind}_e800_s{seed}" for kind in ("vcd_scheduled", "vae") for seed in (1, 2)]
+    assert [run.name for run in PLAN[4:8]] == seeds
+    for run in PLAN[4:8]:
+        assert run.keeps_weights and not run.extra_proposals and not run.headline
+        base = configs[run.name.replace(run.name[-2:], "s0")]
+        assert configs[run.name] == base.replace(seed=int(run.name[-1]), curve_every_epochs=None)
+    assert [run.name for run in PLAN if run.keeps_weights] == headline + seeds
     # bf16 against float32: the same run but for the multiplies' precision.
     assert configs["vcd_scheduled_e100_s0_bf16"] == configs["vcd_scheduled_e100_s0"].replace(precision="bfloat16")
     # The batch-size study: 100 epochs at the tuned rates, the decay timescale scaled with the length.
     assert configs["bs1024_e100"].optimizer.learning_rate == 1.3e-3
     assert configs["bs16_e100"].num_steps == 100 * 50_000 // 16
     assert configs["bs128_e100"].lr_decay_steps == round(3.75 * 50_000 / 128)
-    assert all(c.curve_every_epochs == 25 for c in configs.values())
+    assert all(c.curve_every_epochs == (None if name in seeds else 25) for name, c in configs.items())
 
 
 def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
@@ -106,6 +115,19 @@ def test_status_and_collect_on_a_runs_directory(tmp_path, monkeypatch):
     assert runner._is_committed(run)
     empty = tmp_path / "elsewhere"
     assert runner.status(empty).count("pending") == len(PLAN) - 1 and "committed" in runner.status(empty)
+
+
+@pytest.mark.parametrize("name, keeps", [("vae_e800_s1", True), ("vae_e100_s1", False)])
+def test_collect_copies_the_final_weights_of_a_run_that_keeps_them_only(tmp_path, monkeypatch, name, keeps):
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
+    run = next(run for run in PLAN if run.name == name)
+    directory = tmp_path / "runs" / run.name
+    (directory / "model").mkdir(parents=True)
+    (directory / "model" / "weights.index").write_text("w")
+    (directory / "results.json").write_text(json.dumps(FINISHED | {"name": run.name}))
+    target = runner.collect(run, directory)
+    assert (target / "model" / "weights.index").exists() == keeps
+    assert (target / "results.json").exists()
 
 
 def test_a_committed_run_is_not_trained_again(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ The code a run uses is a snapshot of the repository's last commit (``git archive
 RUNS/code/COMMIT), so edits to the work tree never reach a run; a runner started after a new
 commit resumes the runs with the new code, and each run's launches.jsonl records which commit
 trained which steps. When a run is done its small files (config, metrics, learning curve,
-results, per-image estimates, launches; for runs 1-3 the final weights) are copied into
+results, per-image estimates, launches; the final weights of the runs that keep them) are copied into
 results/NAME for committing.
 """
 
@@ -110,14 +110,14 @@ def snapshot(root: Path) -> tuple[str, Path]:
 
 
 def collect(run: PlannedRun, directory: Path) -> Path:
-    """Copy a finished run's small files (and, for runs 1-3, its final weights) into results/."""
+    """Copy a finished run's small files (and the final weights of a run that keeps them) into results/."""
     target = RESULTS / run.name
     target.mkdir(parents=True, exist_ok=True)
     names = [*SMALL_FILES, *(p.name for p in directory.glob("evaluation-*"))]
     for name in names:
         if (directory / name).exists():
             shutil.copy2(directory / name, target / name)
-    if run.headline:
+    if run.keeps_weights:
         shutil.copytree(directory / MODEL_DIR, target / MODEL_DIR, dirs_exist_ok=True)
     return target
 
