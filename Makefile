@@ -13,11 +13,12 @@ STAMP  := $(VENV)/.installed
 GPU    ?=
 UV     := uv==0.13.9
 
-.PHONY: help setup test book notebooks lock clean
+.PHONY: help setup test test-fast book notebooks lock clean
 
 help:
 	@echo "make book       execute every chapter and build the HTML book into _build/html (then open _build/html/index.html)"
 	@echo "make test       run the unit tests and every notebook under nbval, as CI does"
+	@echo "make test-fast  the unit tests without the slow ones (notebooks, book builds, killed processes): for development"
 	@echo "make setup      only create .venv from requirements.lock (GPU=1: add TensorFlow's CUDA libraries)"
 	@echo "make notebooks  re-execute the committed chapters in the book profile (on a quiet machine)"
 	@echo "make lock       regenerate requirements.lock from requirements.txt, after changing a pin"
@@ -55,6 +56,10 @@ $(ASSETS): book/package.json book/package-lock.json
 
 test: setup $(ASSETS)
 	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+
+# The unit tests but those marked slow (pyproject.toml): a minute or two, while editing the package.
+test-fast: setup
+	VCD_PROFILE=$${VCD_PROFILE:-test} $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" tests
 
 # Executed notebooks are cached in _build/.jupyter_cache: a rebuild after a text edit re-runs nothing.
 # -W turns any warning, including a notebook that failed to execute, into a failed build.

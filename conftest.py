@@ -10,6 +10,8 @@ else runs on the first, as it would without the split.
 
 import os
 
+import pytest
+
 os.environ.setdefault("VCD_PROFILE", "test")
 
 from vcd_helpers.devices import split_physical_device  # noqa: E402  (after the environment is set)
@@ -25,3 +27,11 @@ def pytest_configure(config):
     --nbval-sanitize-with wins."""
     if getattr(config.option, "nbval_sanitize_with", "absent") is None:
         config.option.nbval_sanitize_with = SANITIZE
+
+
+def pytest_collection_modifyitems(items):
+    """Every notebook run under nbval is slow (`make test-fast` leaves them out with the tests
+    marked slow)."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow)

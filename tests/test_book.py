@@ -19,6 +19,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import check_book  # noqa: E402
 
+# Builds the whole book and opens it in Chromium.
+pytestmark = pytest.mark.slow
+
 
 def _chromium() -> str:
     chromium = check_book.find_chromium()

@@ -41,6 +41,12 @@ def test_a_watermark_from_another_execution_compares_equal():
     assert sanitize(later) == sanitize(watermark())
 
 
+def test_the_load_beside_a_verdict_compares_equal_but_not_the_verdict():
+    verdict = "0.916 x [0.868, 0.987] (10 rounds): {} [load average {} on {} cores; {} cores busy, {} of them by the timing]"
+    assert sanitize(verdict.format("faster", "1.9", 2, "2.0", "1.0")) == sanitize(verdict.format("faster", "12.3", 8, "7.9", "2.0"))
+    assert sanitize(verdict.format("faster", "1.9", 2, "2.0", "1.0")) != sanitize(verdict.format("slower", "1.9", 2, "2.0", "1.0"))
+
+
 def test_another_package_version_does_not():
     assert sanitize(watermark(tf="2.22.0")) != sanitize(watermark())
 

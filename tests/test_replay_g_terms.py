@@ -13,6 +13,9 @@ import pytest
 from vcd_helpers.config import load_config
 from vcd_helpers.runs.train import train_run
 
+# Each test retrains a run's first steps.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("replay_g_terms", ROOT / "tools" / "replay_g_terms.py")
 replay_g_terms = importlib.util.module_from_spec(_spec)

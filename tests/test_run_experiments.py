@@ -229,6 +229,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.slow
 def test_a_runner_killed_with_9_leaves_no_training_running(tmp_path):
     # The probe: kill -9 of the runner left its trainings running, unmanaged. The runner
     # skips a run committed in results/, so it runs here with none committed (bs16_e100 is).

@@ -31,6 +31,9 @@ from vcd_helpers.runs.cli import main
 from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.train import train_run
 
+# Each test trains, kills or damages a real run through the command: tens of seconds together.
+pytestmark = pytest.mark.slow
+
 ENV = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
 

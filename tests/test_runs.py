@@ -58,6 +58,7 @@ def finished_run(tmp_path_factory) -> tuple[Path, Config, dict]:
     return path, config, train_run(config, path, progress=False)
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_to_the_same_final_metrics(finished_run, tmp_path):
     uninterrupted, config, _ = finished_run
     config_file = _write_config(tmp_path / "small.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -29,11 +30,34 @@ def test_warm_up_calls_are_not_timed_and_every_output_is_kept():
     assert low <= timed.median_ms <= high and "median of 3" in str(timed)
 
 
-def test_variants_are_timed_turn_by_turn():
+def test_variants_are_timed_turn_by_turn_each_round_starting_with_the_next():
     order = []
-    timings = timing.time_alternately({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                                      repeats=2, warmup=0)
-    assert order == ["a", "b", "a", "b"] and set(timings) == {"a", "b"}
+    timings = timing.time_alternately({name: (lambda name=name: order.append(name)) for name in "abc"},
+                                      repeats=4, warmup=0)
+    assert order == list("abc" "bca" "cab" "abc") and set(timings) == {"a", "b", "c"}
+
+
+def test_every_timing_says_what_the_machine_did_meanwhile(monkeypatch):
+    def spin():  # one core busy for 30 ms of this process's CPU time
+        end = time.process_time() + 0.03
+        while time.process_time() < end:
+            pass
+
+    timings = timing.time_alternately({"a": spin, "b": spin}, repeats=3, warmup=0)
+    machine = timings["a"].machine
+    assert machine is timings["b"].machine and machine.cores == os.cpu_count()
+    assert 0.3 < machine.own_cores <= 1.5, machine  # one thread spinning (+ noise)
+    if machine.busy_cores is not None:  # Linux: the machine's busy cores include this process's
+        assert machine.own_cores - 0.3 <= machine.busy_cores <= machine.cores + 1e-6, machine
+    verdict = timing.compare(timings, "a")["b"]
+    assert verdict.machine is machine and str(machine) in str(verdict)
+    # Busy means a load average above the core count, whatever this process did.
+    quiet = timing.MachineLoad(load_average=2.0, busy_cores=2.0, own_cores=2.0, cores=2)
+    loaded = timing.MachineLoad(load_average=2.1, busy_cores=2.0, own_cores=1.0, cores=2)
+    assert not quiet.busy and loaded.busy and not timing.MachineLoad(None, None, 1.0, 2).busy
+    assert str(loaded) == "load average 2.1 on 2 cores; 2.0 cores busy, 1.0 of them by the timing"
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert timing.time_calls(spin, repeats=1, warmup=0).machine.load_average == 9.0
 
 
 def test_cores_used_is_cpu_time_over_wall_time():
@@ -144,3 +168,12 @@ def test_coverage_of_compare_is_near_its_confidence():
 def test_bad_comparisons_are_named(timings, options, message):
     with pytest.raises(ValueError, match=message):
         timing.compare(_alternated({k: np.array(v) for k, v in timings.items()}), **options)
+
+
+def test_a_verdict_reads_as_a_clause_for_the_prose():
+    slower = timing.RatioInterval(1.84, 1.80, 1.90, 0.95, 10)
+    faster = timing.RatioInterval(0.5, 0.4, 0.6, 0.95, 10)
+    same = timing.RatioInterval(0.99, 0.97, 1.02, 0.95, 10)
+    assert slower.phrase("eager", "XLA") == "eager is resolved as slower than XLA (1.84 x, interval [1.80, 1.90])"
+    assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is resolved as faster than k = 1 (0.50 x")
+    assert same.phrase("k = 10", "k = 1") == "no difference between k = 10 and k = 1 is resolved (0.99 x, interval [0.97, 1.02])"

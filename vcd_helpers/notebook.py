@@ -1,4 +1,5 @@
-"""Helpers for the chapters: show the package's real code, and sign off with a watermark.
+"""Helpers for the chapters: show the package's real code, flag timings taken on a busy machine,
+and sign off with a watermark.
 
 The notebooks teach by showing the package's own functions (never a copy in a cell) and then
 calling them. Used by notebooks only; nothing in the package imports this module.
@@ -12,10 +13,11 @@ import os
 import platform
 import sys
 
-from IPython.display import Code
+from IPython.display import HTML, Code
 
 from vcd_helpers.config import active_profile
 from vcd_helpers.devices import code_version, cpu_model, package_versions
+from vcd_helpers.timing import MachineLoad
 
 WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", "matplotlib",
                       "ipywidgets", "jupyter-book", "vcd_helpers")
@@ -24,6 +26,35 @@ WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", 
 def show_source(obj: object) -> Code:
     """The source of a function, class or module from the package, syntax-highlighted."""
     return Code(inspect.getsource(obj), language="python")
+
+
+def _machines(timed: object) -> list[MachineLoad]:
+    if isinstance(timed, dict):
+        return [m for value in timed.values() for m in _machines(value)]
+    if isinstance(timed, (list, tuple)):
+        return [m for value in timed for m in _machines(value)]
+    machine = getattr(timed, "machine", None)
+    return [machine] if isinstance(machine, MachineLoad) else []
+
+
+def load_note(*timed: object) -> HTML:
+    """A visible note on the page when the machine was busy (load average above its core count)
+    while any of ``timed`` was measured: ``Timing``s, ``RatioInterval``s, or dicts and lists of
+    them. Renders nothing when every one was taken on a quiet machine.
+
+    Raises ValueError when ``timed`` holds no timing at all (a note that could never show)."""
+    machines = [m for item in timed for m in _machines(item)]
+    if not machines:
+        raise ValueError("load_note was given no Timing or RatioInterval: nothing to judge the machine's load by")
+    busiest = max(machines, key=lambda m: m.load_average or 0.0)
+    if not busiest.busy:
+        return HTML("")
+    return HTML(
+        '<div class="admonition warning"><p class="admonition-title">Timed on a busy machine</p>'
+        f"<p>Other work competed for the cores while this chapter timed its variants (at the busiest, "
+        f"{busiest}). Its timings are slower and noisier than on a quiet machine, so a difference may "
+        "be left unresolved, or even reversed; every verdict on this page, and the sentences that "
+        "state it, were computed from these timings.</p></div>")
 
 
 def _load_average() -> str:

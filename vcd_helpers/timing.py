@@ -5,15 +5,20 @@
 seconds of each call, their median and spread, per unit of work (``units`` steps, chains or
 evaluations per call). ``time_alternately`` times several variants turn by turn, so that a
 machine's drift (another process, a clock change) hits all of them alike: the way to compare two
-variants. ``compare`` then says whether they differ: per variant, the ratio of its time to a
-baseline variant's, round by round, with a bootstrap interval. ``Stopwatch`` is the wall clock of a long job (a training run, resumed across processes,
-with its periodic evaluations left out).
+variants; each round starts with the next variant, so that no variant always runs first.
+``compare`` then says whether they differ: per variant, the ratio of its time to a baseline
+variant's, round by round, with a bootstrap interval. Every timing carries ``MachineLoad``: what
+else the machine was doing meanwhile, shown beside each verdict, since a busy machine slows and
+blurs every timing. ``Stopwatch`` is the wall clock of a long job (a training run, resumed
+across processes, with its periodic evaluations left out).
 
-Timings are for benchmarks and figures; no test depends on how fast a machine is.
+Timings are for benchmarks, figures and printed verdicts; no test and no check of a chapter
+depends on how fast, or how quiet, a machine is.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,19 +34,81 @@ def wait_for(outputs: Any) -> Any:
     return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, outputs)
 
 
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine since boot, in clock ticks, from /proc/stat
+    (Linux); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and waiting for I/O
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not on every platform
+        return None
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """What the whole machine did while something was timed.
+
+    ``load_average``: the 1-minute load average when the timing ended (None where the platform
+    has none); ``busy_cores``: cores kept busy by every process together during the timing (None
+    without /proc/stat); ``own_cores``: cores this process kept busy; ``cores``: the machine's.
+    """
+
+    load_average: float | None
+    busy_cores: float | None
+    own_cores: float
+    cores: int
+
+    @property
+    def busy(self) -> bool:
+        """Whether other work competed for the cores: the load average above the core count."""
+        return self.load_average is not None and self.load_average > self.cores
+
+    def __str__(self) -> str:
+        load = "unknown" if self.load_average is None else f"{self.load_average:.1f}"
+        busy = "" if self.busy_cores is None else f"; {self.busy_cores:.1f} cores busy, {self.own_cores:.1f} of them by the timing"
+        return f"load average {load} on {self.cores} cores{busy}"
+
+
+class _LoadMeter:
+    """Measures ``MachineLoad`` from its creation to ``stop``."""
+
+    def __init__(self):
+        self._jiffies, self._wall, self._cpu = _cpu_jiffies(), time.perf_counter(), time.process_time()
+
+    def stop(self) -> MachineLoad:
+        cores = os.cpu_count() or 1
+        wall = max(time.perf_counter() - self._wall, 1e-9)
+        end = _cpu_jiffies()
+        busy = None
+        if self._jiffies is not None and end is not None and end[1] > self._jiffies[1]:
+            busy = cores * (end[0] - self._jiffies[0]) / (end[1] - self._jiffies[1])
+        return MachineLoad(_load_average(), busy, (time.process_time() - self._cpu) / wall, cores)
+
+
 @dataclass(frozen=True)
 class Timing:
     """Seconds of each timed call, per ``units`` of work, and what each call returned.
 
     ``seconds``: [repeats] seconds per call; ``units``: work per call (e.g. steps per call);
     ``outputs``: each timed call's return value, host copies (``median_output`` is the median call's);
-    ``cpu_seconds``: [repeats] CPU seconds the whole process used during each call (all its threads).
+    ``cpu_seconds``: [repeats] CPU seconds the whole process used during each call (all its threads);
+    ``machine``: what the whole machine did meanwhile (None for a Timing built by hand).
     """
 
     seconds: tuple[float, ...]
     units: int = 1
     outputs: tuple[Any, ...] = ()
     cpu_seconds: tuple[float, ...] = ()
+    machine: MachineLoad | None = None
 
     @property
     def median(self) -> float:
@@ -80,7 +147,9 @@ def time_calls(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, unit
 
 def time_alternately(variants: dict[str, Callable[[], Any]], *, repeats: int = 5, warmup: int = 1,
                      units: int = 1) -> dict[str, Timing]:
-    """``time_calls`` for each variant, interleaved: round r times every variant once, in turn."""
+    """``time_calls`` for each variant, interleaved: round r times every variant once, in turn,
+    starting with variant r (mod the number of variants), so that each takes each place in the
+    order equally often over a multiple of that many rounds."""
     check_positive_int("repeats", repeats)
     check_positive_int("units", units)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -91,14 +160,19 @@ def time_alternately(variants: dict[str, Callable[[], Any]], *, repeats: int = 5
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     cpu_seconds: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, list[Any]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    names = list(variants)
+    meter = _LoadMeter()
+    for r in range(repeats):
+        # Rotated: a variant that always ran first (or right after a given one) would carry an
+        # order effect (caches, clock boost) that the per-round ratios of compare cannot see.
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start, cpu_start = time.perf_counter(), time.process_time()
-            result = wait_for(fn())
+            result = wait_for(variants[name]())
             seconds[name].append(time.perf_counter() - start)
             cpu_seconds[name].append(time.process_time() - cpu_start)
             outputs[name].append(result)
-    return {name: Timing(tuple(seconds[name]), units, tuple(outputs[name]), tuple(cpu_seconds[name]))
+    machine = meter.stop()
+    return {name: Timing(tuple(seconds[name]), units, tuple(outputs[name]), tuple(cpu_seconds[name]), machine)
             for name in variants}
 
 
@@ -113,7 +187,8 @@ class RatioInterval:
 
     ``ratio``: median over rounds of (variant's seconds / baseline's seconds) per unit of work;
     ``low``, ``high``: the ``confidence`` bootstrap interval of that median; ``rounds``: how many
-    alternated rounds it rests on. ``differs`` is True when the interval excludes 1.
+    alternated rounds it rests on; ``machine``: what the machine did while they were timed
+    (shown beside the verdict). ``differs`` is True when the interval excludes 1.
     """
 
     ratio: float
@@ -121,6 +196,7 @@ class RatioInterval:
     high: float
     confidence: float
     rounds: int
+    machine: MachineLoad | None = None
 
     @property
     def differs(self) -> bool:
@@ -134,11 +210,21 @@ class RatioInterval:
             return "no difference resolved"
         return "slower" if self.low > 1.0 else "faster"
 
+    def phrase(self, variant: str, baseline: str) -> str:
+        """The verdict as a clause for the prose, e.g. "eager is resolved as slower than XLA
+        (1.84 x, interval [1.80, 1.90])" or "no difference between k = 10 and k = 1 is
+        resolved (0.99 x, interval [0.97, 1.02])"."""
+        numbers = f"({self.ratio:.2f} x, interval [{self.low:.2f}, {self.high:.2f}])"
+        if not self.differs:
+            return f"no difference between {variant} and {baseline} is resolved {numbers}"
+        return f"{variant} is resolved as {self.verdict} than {baseline} {numbers}"
+
     def __str__(self) -> str:
         # Below MIN_INTERVAL_ROUNDS the bootstrap can only return the rounds' own ratios: say so.
         basis = (f"{self.confidence:.0%} interval, {self.rounds} rounds" if self.rounds >= MIN_INTERVAL_ROUNDS
                  else f"only {self.rounds} rounds: about their range, not a {self.confidence:.0%} interval")
-        return f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] ({basis}): {self.verdict}"
+        where = "" if self.machine is None else f" [{self.machine}]"
+        return f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] ({basis}): {self.verdict}{where}"
 
 
 def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.95, seed: int = 0,
@@ -183,7 +269,8 @@ def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.
     result = {}
     for name, seconds in per_unit.items():
         low, high = median_interval(seconds / per_unit[baseline], confidence=confidence, seed=seed, resamples=resamples)
-        result[name] = RatioInterval(float(np.median(seconds / per_unit[baseline])), low, high, confidence, num_rounds)
+        result[name] = RatioInterval(float(np.median(seconds / per_unit[baseline])), low, high, confidence, num_rounds,
+                                     timings[baseline].machine)
     return result
 
 
