@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
 import os
 import sys
 from pathlib import Path
+
+import vcd_helpers  # noqa: F401  (first: it imports TensorFlow without its start-up log lines)
 
 import numpy as np
 import tensorflow as tf
@@ -33,9 +37,10 @@ import tensorflow as tf
 from vcd_helpers.config import Config
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import code_version, cpu_model
+from vcd_helpers.files import write_atomic
 from vcd_helpers.loops import fit
 from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
-from vcd_helpers.runs.cli import config_from_options
+from vcd_helpers.runs.cli import _positive_int, config_from_options
 from vcd_helpers.runs.logs import window_means
 from vcd_helpers.runs.plan import PLAN
 from vcd_helpers.runs.train import default_steps_per_call
@@ -106,30 +111,65 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
     return out, comparison
 
 
+def _positive_epochs(text: str) -> float:
+    """--epochs: a positive, finite number of epochs (argparse names the option when refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: must be a positive, finite number of epochs")
+    return value
+
+
+def _measurements(path: Path) -> int:
+    """How many measurements a g-terms file holds (0 when there is none)."""
+    try:
+        return max(len(path.read_text().splitlines()) - 1, 0)
+    except FileNotFoundError:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # The runner trains each run on one thread (its two runs share two cores): the same thread
     # count sums the same floats in the same order, so the replay's metrics equal the run's.
     # (TensorFlow reads these when it runs its first op, which is after this.)
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", help="planned runs (tools/run_experiments.py --status lists them)")
-    parser.add_argument("--epochs", type=float, default=10.0)
-    parser.add_argument("--every", type=int, default=100, help="steps between measurements")
-    args = parser.parse_args(argv)
     plan = {run.name: run for run in PLAN}
+    parser = argparse.ArgumentParser(prog="tools/replay_g_terms.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="+", choices=sorted(plan), metavar="NAME",
+                        help="planned runs (tools/run_experiments.py --status lists them)")
+    parser.add_argument("--epochs", type=_positive_epochs, default=10.0)
+    parser.add_argument("--every", type=_positive_int, default=100, help="steps between measurements")
+    args = parser.parse_args(argv)
+    # Every refusal comes before any training, and nothing is written before the last replay ends:
+    # results/g_terms/ is committed, and a replay shorter than what it holds would lose rows.
+    jobs = []
     for name in args.names:
         config = config_from_options(plan[name].options)
         steps = round(args.epochs * config.steps_per_epoch)
+        if steps < args.every or args.every % config.log_every_steps or steps % args.every:
+            parser.error(f"--epochs {args.epochs:g} and --every {args.every} are invalid for {name}: --every must be "
+                         f"a multiple of its logging window ({config.log_every_steps} steps) that divides the "
+                         f"{steps} steps replayed")
+        held = _measurements(OUT_DIR / f"{name}.csv")
+        if steps // args.every + 1 < held:
+            parser.error(f"--epochs {args.epochs:g} --every {args.every} would replace the {held} measurements of "
+                         f"{OUT_DIR / name}.csv with {steps // args.every + 1}: a replay never shrinks a "
+                         "committed result (give at least as many epochs, or delete the file yourself)")
+        jobs.append((name, config, steps))
+    for name, config, steps in jobs:
         out, comparison = replay(config, steps, args.every, COMMITTED_RESULTS / name / METRICS_FILE)
         OUT_DIR.mkdir(exist_ok=True)
         path = OUT_DIR / f"{name}.csv"
-        with path.open("w", newline="") as f:
-            csv.writer(f).writerows([COLUMNS, *out])
+        table = io.StringIO()
+        csv.writer(table).writerows([COLUMNS, *out])  # \r\n, as the committed files
         command = f"python tools/replay_g_terms.py {name} --epochs {args.epochs:g} --every {args.every}"
         record = {"run": name, "steps": steps, **comparison, "command": command, "code": code_version(),
                   "cpu_model": cpu_model()}
-        (OUT_DIR / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_atomic(path, table.getvalue())
+        write_atomic(OUT_DIR / f"{name}.json", json.dumps(record, indent=2) + "\n")
         print(f"{name}: {steps} steps replayed; {comparison['rows_identical']} of {comparison['rows_compared']} "
               f"metrics rows identical to the run's; {len(out)} measurements in {path}")
     return 0
