@@ -42,3 +42,10 @@ def test_a_partial_batch_is_refused():
     config = load_config("default", evaluation={"batch_size": 4})
     with pytest.raises(ValueError, match="num_examples=6 is invalid: must be a multiple of the evaluation's batch size 4"):
         bench.benchmark_evaluation(config, num_examples=6)
+
+
+def test_more_images_than_the_test_split_are_refused():
+    # 20,000 images were accepted once, and the rates printed for them doubled: the split has 10,000.
+    config = load_config("default", evaluation={"batch_size": 500})
+    with pytest.raises(ValueError, match="num_examples=20000 is invalid: the test split has 10,000 images"):
+        bench.benchmark_evaluation(config, num_examples=20_000)

@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_PIXELS, Config, EvaluationConfig, check_one_of, check_positive_int, load_config
+from vcd_helpers.config import (NUM_PIXELS, SPLIT_SIZES, Config, EvaluationConfig, check_one_of, check_positive_int,
+                                load_config)
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import cpu_model
 from vcd_helpers.evaluation import make_evaluator
@@ -408,10 +409,13 @@ def benchmark_evaluation(config: Config, *, proposal: str = "hmc_moments", num_e
     ``config.evaluation.batch_size``), after an untimed call that traces it. The model is freshly
     initialised: the protocol's work does not depend on the weights (fixed chain lengths and
     sample counts). Raises ValueError for a ``num_examples`` that is not a positive multiple of
-    the evaluation's batch size (a partial batch would trace a second graph inside the timing)."""
+    the evaluation's batch size (a partial batch would trace a second graph inside the timing) or
+    exceeds the test split (its rates would count images that were never evaluated)."""
     evaluation = dataclasses.replace(config.evaluation, proposal=proposal, num_examples=None)
     num_examples = evaluation.batch_size if num_examples is None else num_examples
     check_positive_int("num_examples", num_examples)
+    if num_examples > SPLIT_SIZES["test"]:
+        raise ValueError(f"num_examples={num_examples} is invalid: the test split has {SPLIT_SIZES['test']:,} images")
     if num_examples % evaluation.batch_size:
         raise ValueError(f"num_examples={num_examples} is invalid: must be a multiple of the evaluation's "
                          f"batch size {evaluation.batch_size}")
