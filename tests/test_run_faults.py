@@ -29,6 +29,7 @@ from vcd_helpers.runs import train as run_training
 from vcd_helpers.runs.checkpoints import latest_model
 from vcd_helpers.runs.cli import main
 from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.logs import ResumeDiffers
 from vcd_helpers.runs.train import train_run
 
 # Each test trains, kills or damages a real run through the command: tens of seconds together.
@@ -448,7 +449,7 @@ def test_a_run_that_diverges_without_nan_is_flagged(tmp_path, config_file):
 # Every resume compares the rows it writes again with the ones they replace ---------------------
 
 @pytest.mark.parametrize("tamper", [False, True])
-def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tamper, capsys):
+def test_a_resumed_run_checks_the_rows_it_writes_again_and_refuses_a_difference(tmp_path, finished, tamper, capsys):
     run = _copy(finished, tmp_path)
     _unfinish(run)
     for path in (run / "checkpoints").glob("ckpt-40.*"):
@@ -459,15 +460,42 @@ def test_a_resumed_run_checks_the_rows_it_writes_again(tmp_path, finished, tampe
         assert fields[0] == "30"
         fields[3] = repr(float(fields[3]) * 1.001)
         (run / "metrics.csv").write_text("\n".join([*lines[:3], ",".join(fields), *lines[4:]]) + "\n")
-    train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
+    before = (run / "metrics.csv").read_text()
+    config = load_config(run / "config.json", execution={"jit_compile": False})
+    if tamper:
+        with pytest.raises(ResumeDiffers, match="the metrics row of step 30, computed again, differs") as refused:
+            train_run(config, run, progress=False)
+        # It names what differs from the process that wrote the row: here nothing it records.
+        assert "same code commit, CPU model, compute threads and blocks of the chain" in str(refused.value)
+        # Nothing saved: metrics.csv as the earlier process left it, no newer checkpoint, no results.
+        assert (run / "metrics.csv").read_text().splitlines() == before.splitlines()
+        assert not list((run / "checkpoints").glob("ckpt-30.*")) and not (run / "results.json").exists()
+    else:
+        train_run(config, run, progress=False)
     check = json.loads((run / "resume_checks.jsonl").read_text().splitlines()[-1])
-    assert check["resumed_from"] == 20 and check["rows_compared"] == 2
     err = capsys.readouterr().err
     if tamper:
+        assert check["resumed_from"] == 20 and check["rows_compared"] == 1
         assert not check["identical"] and check["max_relative_difference"] == pytest.approx(1e-3, rel=1e-3)
-        assert "2 row(s) after step 20 written again, DIFFERENT" in err
+        assert "1 row(s) after step 20 written again, DIFFERENT" in err and "refused" in err
     else:
+        assert check["resumed_from"] == 20 and check["rows_compared"] == 2
         assert check["identical"] and "written again, identical" in err
+
+
+# The run was trained without XLA, its chain in one block per thread.
+@pytest.mark.parametrize("jit_compile, options, key", [(False, ["--chain-shards", "3"], "execution.chain_shards"),
+                                                       (True, [], "execution.jit_compile")])
+def test_a_resume_with_a_setting_that_changes_the_round_off_is_refused(tmp_path, finished, capsys, jit_compile,
+                                                                       options, key):
+    run = _copy(finished, tmp_path)
+    _unfinish(run)
+    config_file = tmp_path / "config.json"  # the run's own config, but for XLA
+    config_file.write_text(load_config(run / "config.json", execution={"jit_compile": jit_compile}).to_json())
+    assert main(["train", "--config", str(config_file), "--results", str(run), "--quiet", *options]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with a different configuration" in err and key in err, err
+    assert not (run / "results.json").exists()
 
 
 # A long evaluation killed part-way resumes from its last finished batch -----------------------
@@ -736,3 +764,14 @@ def test_a_newer_checkpoint_without_its_index_is_reported_not_skipped_silently(t
     _, _, step = latest_model(run)
     assert step == 20
     assert f"ckpt-40 in {run / 'checkpoints'}: data without an .index file" in capsys.readouterr().err
+
+
+def test_a_refused_resume_names_what_its_process_does_differently():
+    from vcd_helpers.runs.directory import launch_changes
+
+    launch = {"code": {"commit": "aaa"}, "cpu_model": "AMD EPYC", "compute_threads": 1, "chain_shards": 1}
+    moved = launch | {"code": {"commit": "bbb"}, "compute_threads": 2, "chain_shards": 2}
+    assert launch_changes([launch, moved]) == ("Since the process that wrote them: code commit aaa -> bbb, compute "
+                                               "threads 1 -> 2, blocks of the chain 1 -> 2.")
+    assert "same code commit, CPU model" in launch_changes([launch, dict(launch)])
+    assert launch_changes([launch]) == "No record says which process wrote those rows."

@@ -274,9 +274,11 @@ class ExecutionConfig:
       evaluated concurrently; None: one per compute thread. steps_per_call: optimiser steps per
       host call of the in-graph loop (None: ``loops.fit`` runs one, the training command
       ``runs.train.default_steps_per_call``).
-    devices, jit_compile, chain_shards and steps_per_call (``SPEED_ONLY``), and the pipeline's
-    schedule and placement, change the speed, not the numbers (up to float round-off):
-    ``Config.identity`` leaves them out, so a run may resume with others.
+    devices and steps_per_call (``SPEED_ONLY``), and the pipeline's placement, change the
+    speed and not a bit of the numbers (tests/test_speed_only.py trains with each and compares
+    every weight): ``Config.identity`` leaves them out, so a run may resume with others.
+    jit_compile and chain_shards change the float round-off (another kernel, another order of
+    the same sums), which training amplifies: they are part of the run.
     """
 
     strategy: str = "none"
@@ -329,10 +331,12 @@ class ExecutionConfig:
         return self.kind != "replicated" if self.jit_compile is None else self.jit_compile
 
 
-#: Execution settings that change a run's speed but not its numbers (up to float round-off): not
-#: part of its identity. The pipeline's micro-batches do change them (each draws its own noise).
-SPEED_ONLY = ("devices", "jit_compile", "chain_shards", "steps_per_call")
-PIPELINE_SPEED_ONLY = ("schedule", "devices", "recompute_encoder", "slot_device")
+#: Execution settings that change a run's speed and not a bit of its numbers (each proven by
+#: tests/test_speed_only.py): not part of its identity. Whatever changes the round-off is: XLA or
+#: not, the chain's blocks, the pipeline's schedule (sequential sums in another order than grouped
+#: and interleaved) and its recomputed encoder; so are the micro-batches (each draws its own noise).
+SPEED_ONLY = ("devices", "steps_per_call")
+PIPELINE_SPEED_ONLY = ("devices", "slot_device")
 
 _SECTIONS = {"model": ModelConfig, "hmc": HMCConfig, "optimizer": OptimizerConfig,
              "control_variate": ControlVariateConfig, "evaluation": EvaluationConfig, "curve": EvaluationConfig,

@@ -77,13 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-examples", type=int, help="evaluate on the first N images of the split")
     train.add_argument("--eval-samples", type=int, help="importance samples per image")
     train.add_argument("--eval-proposal", choices=PROPOSALS)
-    train.add_argument("--no-xla", action="store_true", help="compile the step without XLA (slower)")
+    train.add_argument("--no-xla", action="store_true",
+                       help="compile the step without XLA (slower; other round-off, so part of the run: a resume keeps it)")
     train.add_argument("--precision", choices=PRECISIONS,
                        help="the networks' multiplies in training (default float32; bfloat16: bf16 operands, "
                             "float32 sums and state; evaluation is always float32)")
     train.add_argument("--chain-shards", type=int,
-                       help="blocks of chains whose HMC evaluations run concurrently (VCD; speed only, same maths); "
-                            "default: one per compute thread")
+                       help="blocks of chains whose HMC evaluations run concurrently (VCD; the same maths summed in "
+                            "another order, so part of the run: a resume keeps it); default: one per compute thread")
     train.add_argument("--steps-per-call", type=int,
                        help="training steps per host call of the in-graph loop (default: up to 10, "
                             "dividing the logging interval)")

@@ -172,12 +172,34 @@ def record_launch(run: RunDirectory, start_step: int, command: str, warnings: li
     append_jsonl(run.launches_file, launch)
 
 
+#: What a launch records that can change a run's round-off, with how the refusal names it.
+_LAUNCH_SETTINGS = (("code", "code commit"), ("cpu_model", "CPU"), ("compute_threads", "compute threads"),
+                    ("chain_shards", "blocks of the chain"))
+
+
+def launch_changes(launches: list[dict[str, Any]]) -> str:
+    """What the last launch (this process) does differently from the one before it, among what
+    can change the numbers: e.g. "Since the process that wrote them: compute threads 1 -> 2.";
+    a sentence saying none differs when none does (another machine of the same model, or a
+    library)."""
+    if len(launches) < 2:
+        return "No record says which process wrote those rows."
+    before, now = launches[-2], launches[-1]
+    value = lambda launch, key: (launch.get("code") or {}).get("commit") if key == "code" else launch.get(key)
+    changes = [f"{name} {value(before, key)} -> {value(now, key)}" for key, name in _LAUNCH_SETTINGS
+               if value(before, key) != value(now, key)]
+    if not changes:
+        return ("The process that wrote them had the same code commit, CPU model, compute threads and blocks of the "
+                "chain (another library version, or a change not yet committed, can change the round-off too).")
+    return "Since the process that wrote them: " + ", ".join(changes) + "."
+
+
 def record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any]) -> None:
     """Append the comparison of the rows this process wrote again (``MetricsLog``) to
     resume_checks.jsonl, and say it: the long runs test every change of the code this way."""
     check = {"resumed_from": start_step, **check, "code": code_version()["commit"]}
     append_jsonl(run.path / RESUME_CHECKS_FILE, check)
     verdict = ("identical" if check["identical"]
-               else f"DIFFERENT, by up to {check['max_relative_difference']:.2g} (relative)")
+               else f"DIFFERENT, by up to {check['max_relative_difference']:.2g} (relative): refused")
     print(f"resume check: {check['rows_compared']} row(s) after step {start_step} written again, {verdict}",
           file=sys.stderr, flush=True)

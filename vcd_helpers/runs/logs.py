@@ -14,7 +14,7 @@ from vcd_helpers.data import load_binarized_mnist
 from vcd_helpers.evaluation import make_evaluator
 from vcd_helpers.files import write_atomic
 from vcd_helpers.model import VAE
-from vcd_helpers.results import CURVE_COLUMNS, CURVE_STRINGS
+from vcd_helpers.results import CURVE_COLUMNS, CURVE_STRINGS, RunDirectoryError
 from vcd_helpers.runs.directory import RunDirectory, keep_rows_up_to
 from vcd_helpers.runs.evaluate import evaluation_record
 from vcd_helpers.timing import time_calls
@@ -27,18 +27,27 @@ def window_means(window: dict[str, list[float]], names: list[str]) -> tuple[dict
     return means, [f"{means[n]:.7g}" for n in names]
 
 
+class ResumeDiffers(RunDirectoryError):
+    """A resumed run wrote a row again that differs from the one it replaces: resumed this way,
+    it would no longer be the run it was."""
+
+
 class MetricsLog:
     """metrics.csv and TensorBoard scalars, one row per logging window of mean metrics.
 
     A resumed run writes again the rows its previous process wrote after the checkpoint; each
-    such row is compared with the one it replaces (``resume_check``): resume is exact, so they
-    must agree, also after the code changed in between (up to float round-off, if the change
-    touched the arithmetic)."""
+    such row is compared with the one it replaces (``resume_check``). Resume is exact, so they
+    must be equal, also after the code changed in between; the first row that differs stops the
+    run (``ResumeDiffers``) before it saves anything, with metrics.csv as the previous process
+    left it."""
 
     def __init__(self, run: RunDirectory, names: list[str], resume_step: int,
-                 on_replayed: Callable[[dict[str, Any]], None] | None = None):
+                 on_replayed: Callable[[dict[str, Any]], None] | None = None, what_changed: str = ""):
         """``on_replayed(resume_check())`` is called once, as soon as every replaced row has been
-        written again (or at ``close`` for those that were), so a later kill cannot lose it."""
+        written again, or one differs (or at ``close`` for those that were), so a later kill
+        cannot lose it. ``what_changed``: what differs from the process that wrote the replaced
+        rows (code, machine, threads), for the message that refuses a difference."""
+        self.what_changed = what_changed
         self.names = names
         self.columns = ["step", "wall_time", *names]
         self.replaced = {int(row[0]): row for row in keep_rows_up_to(run.metrics_file, self.columns, resume_step)}
@@ -62,11 +71,14 @@ class MetricsLog:
         means, cells = window_means(self.window, self.names)
         row = [str(step), f"{wall_time:.3f}", *cells]
         if step in self.replaced:  # skip the wall time: only the numbers must agree
-            old = np.array(self.replaced.pop(step)[2:], dtype=np.float64)
+            old_row = self.replaced.pop(step)
+            old = np.array(old_row[2:], dtype=np.float64)
             new = np.array(row[2:], dtype=np.float64)
             difference = np.abs(new - old) / np.maximum(np.abs(old), np.finfo(np.float64).tiny)
             self.compared += 1
             self.max_relative_difference = max(self.max_relative_difference, float(np.max(difference, initial=0.0)))
+            if self.max_relative_difference > 0:
+                self._refuse(step, old_row)
             if not self.replaced:
                 self._report()
         self.writer.writerow(row)
@@ -84,6 +96,21 @@ class MetricsLog:
             return None
         return {"rows_compared": self.compared, "identical": self.max_relative_difference == 0.0,
                 "max_relative_difference": self.max_relative_difference}
+
+    def _refuse(self, step: int, old_row: list[str]) -> None:
+        """Put back the rows this process would have replaced (the rows before ``step`` it wrote
+        are equal to theirs), report the check, and raise ResumeDiffers."""
+        for row in [old_row, *(self.replaced[s] for s in sorted(self.replaced))]:
+            self.writer.writerow(row)
+        self.file.flush()
+        self.replaced = {}
+        check = self.resume_check()
+        self._report()
+        raise ResumeDiffers(
+            f"resume check: the metrics row of step {step}, computed again, differs from the one the run wrote "
+            f"(by up to {check['max_relative_difference']:.2g}, relative): resumed this way, the run would no longer "
+            f"be the run it was, so it stops here and saves nothing. {self.what_changed} Resume it where it ran, with "
+            "the code and thread count that trained it, or train again into a new --results directory")
 
     def _report(self) -> None:
         check, self.compared = self.resume_check(), 0  # reported once

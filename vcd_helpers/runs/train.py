@@ -30,7 +30,7 @@ from vcd_helpers.results import (CURVE_COLUMNS, CURVE_STRINGS, LOCAL_BASELINE_FI
                                  RunDirectoryError, csv_rows, read_launches, read_metrics, warn)
 from vcd_helpers.runs.checkpoints import (KEPT_CHECKPOINTS, newest_checkpoint_name, repair_checkpoint_index,
                                           restore_newest)
-from vcd_helpers.runs.directory import (RunDirectory, record_launch, record_resume_check, rows_up_to,
+from vcd_helpers.runs.directory import (RunDirectory, launch_changes, record_launch, record_resume_check, rows_up_to,
                                         versions)
 from vcd_helpers.runs.evaluate import evaluate_saving_batches, evaluation_record
 from vcd_helpers.runs.logs import LearningCurve, MetricsLog
@@ -117,7 +117,8 @@ def _train_to_the_end(config: Config, run: RunDirectory, trainer: Trainer, *, co
     images = load_binarized_mnist("train")[: config.train_examples]
     batches = indexed_batches(images, config.batch_size, config.seed, start_step=start_step)
     log = MetricsLog(run, list(trainer.metric_names), resume_step=start_step,
-                     on_replayed=lambda check: record_resume_check(run, start_step, check))
+                     on_replayed=lambda check: record_resume_check(run, start_step, check),
+                     what_changed=launch_changes(read_launches(run.path)))
     curve = LearningCurve(run, config, trainer.model, start_step) if config.curve_every_steps else None
     clock = Stopwatch(offset=float(wall_time.numpy()))  # the learning curve's evaluations are left out
 
