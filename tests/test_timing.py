@@ -51,10 +51,15 @@ def test_every_timing_says_what_the_machine_did_meanwhile(monkeypatch):
         assert machine.own_cores - 0.3 <= machine.busy_cores <= machine.cores + 1e-6, machine
     verdict = timing.compare(timings, "a")["b"]
     assert verdict.machine is machine and str(machine) in str(verdict)
-    # Busy means a load average above the core count, whatever this process did.
-    quiet = timing.MachineLoad(load_average=2.0, busy_cores=2.0, own_cores=2.0, cores=2)
+    # Busy means other processes kept half a core busy, whatever the load average, which counts
+    # this process's own threads (2.3 on 2 cores was seen on a quiet machine); without /proc/stat,
+    # a load average above the core count.
+    quiet = timing.MachineLoad(load_average=2.3, busy_cores=1.1, own_cores=1.1, cores=2)
     loaded = timing.MachineLoad(load_average=2.1, busy_cores=2.0, own_cores=1.0, cores=2)
     assert not quiet.busy and loaded.busy and not timing.MachineLoad(None, None, 1.0, 2).busy
+    assert timing.MachineLoad(load_average=1.9, busy_cores=1.5, own_cores=1.0, cores=2).busy  # others: 0.5
+    assert not timing.MachineLoad(load_average=1.9, busy_cores=1.4, own_cores=1.0, cores=2).busy
+    assert timing.MachineLoad(2.1, None, 1.0, 2).busy and not timing.MachineLoad(2.0, None, 1.0, 2).busy
     assert str(loaded) == "load average 2.1 on 2 cores; 2.0 cores busy, 1.0 of them by the timing"
     monkeypatch.setattr(timing.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
     assert timing.time_calls(spin, repeats=1, warmup=0).machine.load_average == 9.0

@@ -33,6 +33,18 @@ def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
             np.testing.assert_array_equal(one[name], looped[name], err_msg=name)
 
 
+@pytest.mark.parametrize("names", [("loss",), ("loss", "accept_rate")])
+def test_an_outfeed_of_one_or_more_metrics_drains_every_value(names):
+    # A queue of one component dequeues a tensor, not a list: zip kept its first element only.
+    outfeed = Outfeed(names)
+    for i in range(10):
+        outfeed.enqueue({name: tf.constant(float(i + k)) for k, name in enumerate(names)})
+    drained = outfeed.drain()
+    for k, name in enumerate(names):
+        np.testing.assert_array_equal(drained[name], np.arange(10, dtype=np.float32) + k)
+    assert all(len(v) == 0 for v in outfeed.drain().values())
+
+
 def test_outfeed_streams_every_step_to_a_reader_thread_in_order():
     trainer = build_trainer(CONFIG.replace(execution={"jit_compile": False}))
     outfeed = Outfeed(trainer.metric_names)

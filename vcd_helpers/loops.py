@@ -42,8 +42,9 @@ class Outfeed:
         count = int(self.queue.size())
         if count == 0:
             return {name: np.zeros([0], np.float32) for name in self.names}
-        values = self.queue.dequeue_many(count)
-        return {name: value.numpy() for name, value in zip(self.names, values)}
+        # A queue of one component dequeues a tensor, not a list of one: flatten both alike.
+        values = tf.nest.flatten(self.queue.dequeue_many(count))
+        return {name: value.numpy() for name, value in zip(self.names, values, strict=True)}
 
 
 def make_training_loop(trainer: Trainer, outfeed: Outfeed | None = None) -> Callable:

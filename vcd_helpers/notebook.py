@@ -38,15 +38,15 @@ def _machines(timed: object) -> list[MachineLoad]:
 
 
 def load_note(*timed: object) -> HTML:
-    """A visible note on the page when the machine was busy (load average above its core count)
-    while any of ``timed`` was measured: ``Timing``s, ``RatioInterval``s, or dicts and lists of
+    """A visible note on the page when the machine was busy (``MachineLoad.busy``: other processes
+    kept half a core busy) while any of ``timed`` was measured: ``Timing``s, ``RatioInterval``s, or dicts and lists of
     them. Renders nothing when every one was taken on a quiet machine.
 
     Raises ValueError when ``timed`` holds no timing at all (a note that could never show)."""
     machines = [m for item in timed for m in _machines(item)]
     if not machines:
         raise ValueError("load_note was given no Timing or RatioInterval: nothing to judge the machine's load by")
-    busiest = max(machines, key=lambda m: m.load_average or 0.0)
+    busiest = max(machines, key=lambda m: (m.busy, (m.busy_cores or 0.0) - m.own_cores, m.load_average or 0.0))
     if not busiest.busy:
         return HTML("")
     return HTML(

@@ -53,6 +53,11 @@ def _load_average() -> float | None:
         return None
 
 
+#: Cores other processes must keep busy, on average over a timing, for it to count as taken on a
+#: busy machine: half a core takes a visible share of a 2-core machine's time.
+OTHERS_BUSY = 0.5
+
+
 @dataclass(frozen=True)
 class MachineLoad:
     """What the whole machine did while something was timed.
@@ -69,7 +74,12 @@ class MachineLoad:
 
     @property
     def busy(self) -> bool:
-        """Whether other work competed for the cores: the load average above the core count."""
+        """Whether other work competed for the cores: other processes kept at least
+        ``OTHERS_BUSY`` of a core busy (without /proc/stat: the load average above the core
+        count). The load average alone misleads: it counts this process's own runnable
+        threads, and reads 2.3 on 2 cores while a timing keeps one core busy on a quiet machine."""
+        if self.busy_cores is not None:
+            return self.busy_cores - self.own_cores >= OTHERS_BUSY
         return self.load_average is not None and self.load_average > self.cores
 
     def __str__(self) -> str:
