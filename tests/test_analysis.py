@@ -33,6 +33,7 @@ def test_pairing_removes_the_spread_shared_by_both_runs():
         analysis.paired_difference(a, b[:10])
 
 
+@pytest.mark.slow
 def test_a_finished_run_reads_back_with_its_curve_and_estimates(tmp_path):
     config = load_config("tiny", train_examples=500, steps=20, checkpoint_every_steps=10, curve_every_epochs=1,
                          control_variate={"kind": "local"}, evaluation={"num_examples": 12})

@@ -184,6 +184,7 @@ def test_pipelined_training_step_runs_in_the_loop_and_records_a_timeline(batch):
     assert placed["/CPU:0"] > 4 * 598_404  # every optimiser slot offloaded to the host device
 
 
+@pytest.mark.slow
 def test_replicas_compute_the_same_sum_as_accumulation(batch):
     config, index, x = batch
     baseline = tf.zeros([24])

@@ -23,7 +23,7 @@ def _batches():
     return indexed_batches(load_binarized_mnist("train")[:1000], 20, seed=0)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
     one = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, progress=False)
     looped = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, steps_per_call=10, progress=False)
@@ -133,6 +133,7 @@ def test_a_benchmark_row_names_the_blocks_of_its_chain_and_its_precision():
         devices.compute_threads()
 
 
+@pytest.mark.slow
 def test_the_step_breakdown_adds_up_to_the_step():
     breakdown = bench.step_breakdown(CONFIG.replace(execution={"chain_shards": 2}), calls=1, steps_per_call=2)
     assert breakdown.chain_shards == 2

@@ -196,6 +196,7 @@ def _one_xla_step(method: str, precision: str, chain_shards: int | None = None) 
     return _STEPS[key]
 
 
+@pytest.mark.slow
 def test_a_sharded_chain_gives_the_same_step():
     metrics, weights = {}, {}
     for shards in (1, 2):
