@@ -282,6 +282,23 @@ def test_a_runs_directory_that_is_a_file_is_refused(tmp_path):
     assert done.returncode == 2 and f"the runs directory {tmp_path / 'file'} (--runs-dir" in done.stderr
 
 
+@pytest.mark.parametrize("where, reason", [("under_a_file", "Not a directory"), ("read_only", "Read-only file system")])
+def test_a_runs_directory_it_cannot_write_is_refused_in_one_line(tmp_path, monkeypatch, capsys, where, reason):
+    (tmp_path / "file").write_text("x")
+    root = tmp_path / "file" / "runs" if where == "under_a_file" else tmp_path / "mount"
+    if where == "read_only":  # root writes through permissions: a read-only mount, as the kernel says it
+        def read_only(self, *args, **kwargs):
+            raise OSError(30, "Read-only file system", str(self))
+        monkeypatch.setattr(runner.Path, "mkdir", read_only)
+    monkeypatch.setattr(sys, "argv", ["run_experiments.py", "--runs-dir", str(root)])
+    monkeypatch.setattr(runner, "runner_lock", lambda root: pytest.fail("went on to lock an unusable directory"))
+    with pytest.raises(SystemExit) as exit_:
+        runner.main()
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"the runs directory {root} (--runs-dir" in error and f"is unusable: {reason}" in error, error
+
+
 @pytest.mark.parametrize("lost, named", [("metrics rows", "metrics.csv ends at step 12500, before checkpoint ckpt-20000"),
                                          ("curve rows", "learning_curve.csv holds no row, though checkpoint ckpt-20000")])
 def test_status_names_log_rows_lost_before_the_newest_checkpoint(tmp_path, monkeypatch, lost, named):

@@ -365,6 +365,13 @@ def main() -> int:
                 print(f"{run.name} -> {collect(run, root / 'runs' / run.name).relative_to(ROOT)}")
         return 0
 
+    try:  # a runs directory it cannot create or write (under a file, a read-only mount) is refused here
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "runner.lock").open("a+").close()
+    except OSError as error:
+        parser.error(f"the runs directory {root} (--runs-dir, $VCD_RUNS_DIR or ~/vcd-runs) is unusable: "
+                     f"{error.strerror or error}; give a directory this user can write")
+
     def log(message: str) -> None:
         print(f"[{datetime.now():%Y-%m-%d %H:%M:%S}] {message}", flush=True)
 
