@@ -84,7 +84,8 @@ class MachineLoad:
 
     def __str__(self) -> str:
         load = "unknown" if self.load_average is None else f"{self.load_average:.1f}"
-        busy = "" if self.busy_cores is None else f"; {self.busy_cores:.1f} cores busy, {self.own_cores:.1f} of them by the timing"
+        busy = ("" if self.busy_cores is None
+                else f"; {self.busy_cores:.1f} cores busy, {self.own_cores:.1f} of them by the timing")
         return f"load average {load} on {self.cores} cores{busy}"
 
 
