@@ -46,7 +46,9 @@ def test_every_timing_says_what_the_machine_did_meanwhile(monkeypatch):
     timings = timing.time_alternately({"a": spin, "b": spin}, repeats=3, warmup=0)
     machine = timings["a"].machine
     assert machine is timings["b"].machine and machine.cores == os.cpu_count()
-    assert 0.3 < machine.own_cores <= 1.5, machine  # one thread spinning (+ noise)
+    # One thread spinning: some share of one core, however small a busy machine leaves it (0.27
+    # was seen with two other processes spinning on 2 cores), never much more than one.
+    assert 0 < machine.own_cores <= 1.5, machine
     if machine.busy_cores is not None:  # Linux: the machine's busy cores include this process's
         assert machine.own_cores - 0.3 <= machine.busy_cores <= machine.cores + 1e-6, machine
     verdict = timing.compare(timings, "a")["b"]
