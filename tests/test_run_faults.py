@@ -120,8 +120,10 @@ def test_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as raised:
         files.write_atomic(path, '{"new": true}')
+    # The system names no file for a full disk: the error names the one being written.
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
     assert json.loads(path.read_text()) == {"old": True}
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 

@@ -253,3 +253,12 @@ def test_evaluate_with_ais_checks_the_importance_sampled_number(finished_run, tm
     assert np.load(run / "evaluation-ais-T50-K4-N20.npy").shape == (20,)
     # Two estimators of one log p(x) on the same 20 images: close, though both are rough here.
     assert abs(record["mean"] - results["test_log_likelihood"]["mean"]) < 0.1 * abs(record["mean"])
+
+
+def test_a_file_error_without_a_file_name_names_the_results_directory():
+    from vcd_helpers.runs.cli import _error_message
+
+    message = _error_message(OSError(28, "No space left on device"), "runs/x")
+    assert message.startswith("cannot use a file in runs/x: No space left on device"), message
+    named = _error_message(OSError(28, "No space left on device", "runs/x/results.json"), "runs/x")
+    assert named.startswith("cannot use runs/x/results.json: No space left on device"), named

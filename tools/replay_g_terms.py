@@ -29,7 +29,9 @@ import os
 import sys
 from pathlib import Path
 
-import vcd_helpers  # noqa: F401  (first: it imports TensorFlow without its start-up log lines)
+VCD_COMMAND_LINE = True  # vcd_helpers answers a bad environment or a Ctrl-C while importing in one line
+
+import vcd_helpers  # noqa: F401, E402  (first: it imports TensorFlow without its start-up log lines)
 
 import numpy as np
 import tensorflow as tf

@@ -7,7 +7,9 @@
 
 import sys
 
-from vcd_helpers.runs.runner import main
+VCD_COMMAND_LINE = True  # vcd_helpers answers a bad environment or a Ctrl-C while importing in one line
+
+from vcd_helpers.runs.runner import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

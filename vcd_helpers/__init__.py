@@ -23,8 +23,19 @@ its start-up log lines to file descriptor 2 before any log-level setting applies
 copies them into every notebook's stderr output.
 """
 
+import sys
+
 from vcd_helpers._quiet import import_tensorflow_quietly
 
-import_tensorflow_quietly()
+try:
+    import_tensorflow_quietly()
+except (ValueError, KeyboardInterrupt) as error:
+    # A command line imports the package before it can catch anything: ``python -m vcd_helpers``
+    # (Python sets argv[0] to "-m" meanwhile) and the tools, which set VCD_COMMAND_LINE first. It
+    # answers a bad thread variable or a Ctrl-C as its own errors: in one line, not a traceback.
+    if sys.argv[:1] != ["-m"] and not getattr(sys.modules.get("__main__"), "VCD_COMMAND_LINE", False):
+        raise
+    print("interrupted" if isinstance(error, KeyboardInterrupt) else f"error: {error}", file=sys.stderr)
+    raise SystemExit(130 if isinstance(error, KeyboardInterrupt) else 2) from None
 
 __version__ = "0.1.0"

@@ -1,10 +1,14 @@
-"""Import TensorFlow without its start-up noise on stderr.
+"""Import TensorFlow without its start-up noise on stderr, in an environment it can run in.
 
 TensorFlow 2.21 writes INFO lines (oneDNN, CUDA stubs) to file descriptor 2 *before* absl's
 logging is initialised, so neither ``TF_CPP_MIN_LOG_LEVEL`` nor absl flags silence them; a
 Jupyter kernel captures fd 2 and stores the lines in the notebook, where they differ from machine
 to machine and break strict output checks. We hold fd 2 on a temporary file during the import and
 show what was captured only if the import fails.
+
+TensorFlow reads its thread counts from the environment at its first op and aborts the process
+(SIGABRT, a native stack) on a negative one; the package reads them too. They are checked before
+the import, so that a bad one is a ValueError naming the variable.
 """
 
 from __future__ import annotations
@@ -18,12 +22,28 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+#: The thread counts TensorFlow (and ``devices.compute_threads``) read from the environment.
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+def check_thread_variables() -> None:
+    """Raise ValueError naming the variable unless each of ``THREAD_VARIABLES`` is unset, empty
+    or a whole number of threads (0: TensorFlow chooses)."""
+    for name in THREAD_VARIABLES:
+        value = os.environ.get(name, "")
+        if value and not (value.isascii() and value.isdigit()):
+            raise ValueError(f"${name}={value!r} is invalid: must be a whole number of threads, 0 or more "
+                             "(0 lets TensorFlow choose), or unset")
+
+
 def import_tensorflow_quietly() -> None:
     """Import ``tensorflow`` and ``tensorflow_probability`` with fd 2 captured.
 
-    A no-op when TensorFlow is already imported. Raises ImportError with the captured stderr
+    A no-op when TensorFlow is already imported. Raises ValueError naming a thread variable that
+    TensorFlow cannot run with (``check_thread_variables``); ImportError with the captured stderr
     appended when the import fails.
     """
+    check_thread_variables()
     if "tensorflow" in sys.modules:
         return
     sys.stderr.flush()

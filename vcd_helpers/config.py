@@ -69,10 +69,17 @@ def check_non_negative_int(name: str, value: Any) -> None:
         _fail(name, value, "must be a non-negative integer")
 
 
+#: The largest finite float32: every number of a run is computed in float32, where more is infinity.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_positive_number(name: str, value: Any) -> None:
-    """Raise ValueError naming ``name`` unless ``value`` is a finite int or float > 0."""
+    """Raise ValueError naming ``name`` unless ``value`` is an int or float > 0 that float32, the
+    precision the package computes in, holds as a finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         _fail(name, value, "must be a positive finite number")
+    if value > FLOAT32_MAX:
+        _fail(name, value, f"must be at most {FLOAT32_MAX:.4g} (float32's largest number, the precision runs use)")
 
 
 def check_fraction(name: str, value: Any, *, inclusive_low: bool = False) -> None:
@@ -100,7 +107,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_positive_int("model.latent_dim", self.latent_dim)
         check_positive_int("model.hidden_units", self.hidden_units)
-        check_positive_number("model.min_scale", self.min_scale)
+        # A floor on the encoder's standard deviations: below the prior's 1, or the encoder is no
+        # narrower than the prior it refines (and at float32's limits its densities overflow).
+        check_fraction("model.min_scale", self.min_scale)
 
 
 @dataclass(frozen=True)
@@ -432,6 +441,9 @@ class Config:
         if execution.chain_shards is not None and self.method != "vcd":
             _fail("execution.chain_shards", execution.chain_shards,
                   f"only VCD has a chain to shard, not method={self.method!r} (leave it unset)")
+        if execution.chain_shards is not None and execution.chain_shards > self.batch_size:
+            _fail("execution.chain_shards", execution.chain_shards,
+                  f"must be at most batch_size={self.batch_size}: a block holds at least one chain")
         if self.batch_size % execution.replicas:
             _fail("batch_size", self.batch_size, f"must be a multiple of execution.replicas={execution.replicas}")
         if execution.pipeline is not None and execution.pipeline.batch_size != self.batch_size:
@@ -586,19 +598,22 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
     """The plain nested values of a preset (by name) or a JSON file (by path), merged over the
     defaults and not yet validated: a preset may leave ``batch_size`` unset for the caller."""
     path = Path(name_or_path)
-    if path.suffix != ".json":
-        if str(name_or_path) not in available_presets():
-            raise ValueError(
-                f"unknown preset {str(name_or_path)!r}: presets are {', '.join(available_presets())}, "
-                "or give a path to a .json file"
-            )
+    if str(name_or_path) in available_presets():
         path = PRESET_DIR / f"{name_or_path}.json"
+    elif path.is_dir():
+        raise ValueError(f"config file {str(path)!r} is a directory: give a preset name or a .json file")
+    elif path.suffix != ".json":
+        raise ValueError(f"unknown preset {str(name_or_path)!r}: presets are {', '.join(available_presets())}, "
+                         "or give a path to a .json file")
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"config file {str(path)!r} is not valid UTF-8 JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"config file {str(path)!r} nests its JSON too deeply to read: a config is an object "
+                         "of sections, one level deep") from None
     if not isinstance(values, dict):
         raise ValueError(f"config file {str(path)!r} holds a JSON {type(values).__name__}: it must hold an "
                          "object of configuration keys, e.g. {\"batch_size\": 128}")

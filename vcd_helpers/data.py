@@ -133,17 +133,32 @@ def _read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def _write_cache(directory: Path, source: str, split: str, images: np.ndarray) -> None:
-    path = _cache_path(directory, source, split)
+def _cache_error(directory: Path, error: OSError) -> DataError:
+    """A cache directory the process cannot use, named with the variable that chooses it."""
+    return DataError(f"cannot write the data cache in {directory} (${DATA_DIR_ENV}, or its default): "
+                     f"{error.strerror or error}; set ${DATA_DIR_ENV} to a writable directory")
+
+
+def _make_cache_dir(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise DataError(f"cannot keep the data cache in {directory} (${DATA_DIR_ENV}, or its default): it is a "
+                        f"file, not a directory; set ${DATA_DIR_ENV} to a directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # FileExistsError included: $VCD_DATA_DIR names a file
+        raise _cache_error(directory, error) from None
+
+
+def _write_cache(directory: Path, source: str, split: str, images: np.ndarray) -> None:
+    path = _cache_path(directory, source, split)
+    _make_cache_dir(directory)
+    try:
         write_atomic(path, npy_bytes(np.packbits(images, axis=1)))
         manifest = _read_manifest(directory)
         manifest[path.name] = {"sha256": _sha256(path), "shape": list(images.shape), "source": source}
         write_atomic(_manifest_path(directory), json.dumps(manifest, indent=2, sort_keys=True))
     except OSError as error:
-        raise DataError(f"cannot write the data cache in {directory} (${DATA_DIR_ENV}, or its default): "
-                        f"{error.strerror or error}; set ${DATA_DIR_ENV} to a writable directory") from None
+        raise _cache_error(directory, error) from None
 
 
 def _read_cache(directory: Path, source: str, split: str) -> np.ndarray | None:
@@ -214,7 +229,7 @@ def _download(url: str, destination: Path) -> None:
 
 def _fetch_larochelle(directory: Path) -> bool:
     """Make sure all three verified .amat files are in ``directory``; False when they cannot be had."""
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_cache_dir(directory)
     offline = os.environ.get(OFFLINE_ENV, "") not in ("", "0")
     for split in SPLITS:
         path = _amat_path(directory, split)

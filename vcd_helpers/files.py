@@ -16,7 +16,9 @@ import numpy as np
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` whole or not at all (temporary file, fsync, rename)."""
+    """Write ``data`` (text as UTF-8) to ``path`` whole or not at all (temporary file, fsync, rename).
+
+    Raises OSError naming ``path`` (or the temporary file beside it) when the write fails."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -25,6 +27,11 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        # A write's error (a full disk: ENOSPC) names no file: name the one being written.
+        raise OSError(error.errno, error.strerror, str(path)) from error
     finally:
         tmp.unlink(missing_ok=True)
 

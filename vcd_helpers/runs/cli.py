@@ -28,6 +28,7 @@ from typing import Sequence
 
 from vcd_helpers.config import (CONTROL_VARIATE_KINDS, METHODS, PRECISIONS, PROFILES, PROPOSALS, STRATEGIES, Config,
                                 EvaluationConfig, get_profile, load_config, merge_values, preset_values)
+from vcd_helpers.runs.evaluate import AIS_CHAINS, AIS_EXAMPLES, AIS_TEMPERATURES
 
 
 def _positive_int(text: str) -> int:
@@ -113,16 +114,34 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--examples", type=_positive_int, help="with --evaluation: test images (default: one evaluation batch)")
 
     evaluate = commands.add_parser("evaluate", help="recompute the log-likelihood from the latest checkpoint")
-    evaluate.add_argument("results", help="a results directory written by train")
+    evaluate.add_argument("results", type=_directory, help="a results directory written by train")
     evaluate.add_argument("--proposal", choices=PROPOSALS, help="default: the run's configured proposal")
-    evaluate.add_argument("--samples", type=int, help="importance samples per image (default: the run's)")
-    evaluate.add_argument("--examples", type=int, help="the first N images of the split (default: the run's; "
-                                                      "with --ais, 100)")
+    evaluate.add_argument("--samples", type=_positive_int, help="importance samples per image (default: the run's)")
+    evaluate.add_argument("--examples", type=_positive_int, help="the first N images of the split (default: the "
+                                                                f"run's; with --ais, {AIS_EXAMPLES})")
     evaluate.add_argument("--ais", action="store_true",
                           help="annealed importance sampling instead: an independent check of the estimate")
-    evaluate.add_argument("--temperatures", type=int, default=1000, help="AIS: intermediate distributions")
-    evaluate.add_argument("--chains", type=int, default=16, help="AIS: chains per image")
+    evaluate.add_argument("--temperatures", type=_positive_int,
+                          help=f"AIS: intermediate distributions (default {AIS_TEMPERATURES})")
+    evaluate.add_argument("--chains", type=_positive_int, help=f"AIS: chains per image (default {AIS_CHAINS})")
     return parser
+
+
+def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse options that the chosen mode would ignore (argparse's exit 2, naming them)."""
+    if args.command == "evaluate":
+        unused = (["--proposal", "--samples"] if args.ais else ["--temperatures", "--chains"])
+        given = [name for name in unused if getattr(args, name[2:]) is not None]
+        if given:
+            parser.error(f"evaluate: {' and '.join(given)} {'is' if len(given) == 1 else 'are'} invalid "
+                         + ("with --ais: AIS draws no importance samples" if args.ais
+                            else "without --ais: they set annealed importance sampling (add --ais)"))
+    if args.command == "bench" and args.breakdown and args.evaluation:
+        parser.error("bench: --breakdown and --evaluation are invalid together: each is its own table; "
+                     "run them one at a time")
+    if args.command == "bench" and args.examples is not None and not args.evaluation:
+        parser.error(f"bench: --examples {args.examples} is invalid without --evaluation: training steps are "
+                     "timed on --batch-sizes")
 
 
 def config_from_options(options: Sequence[str]) -> Config:
@@ -240,10 +259,21 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _error_message(error: BaseException) -> str | None:
-    """A one-line account of a file-system or TensorFlow I/O error, naming the file, or None."""
+def _stop_on_signals() -> None:
+    """SIGTERM stops a command as Ctrl-C does: with a word, not silently. SIGINT too, explicitly:
+    a process started in the background (a shell's '&', a test worker) inherits it ignored."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupt)
+
+
+def _error_message(error: BaseException, place: str | None) -> str | None:
+    """A one-line account of a file-system or TensorFlow I/O error, naming the file (or the
+    ``place``, a results directory, when the system names none), or None."""
     if isinstance(error, OSError):
-        where = error.filename or "a file"
+        where = error.filename or (f"a file in {place}" if place else "a file")
+        if error.filename and os.path.islink(where) and not os.path.exists(where):
+            return (f"cannot use {where}: it is a symbolic link that leads nowhere (a loop, or a missing "
+                    "target); remove it or give another path")
         return (f"cannot use {where}: {error.strerror or error}. Check that the path is a writable directory "
                 "on a disk with free space, or choose another one")
     tf = sys.modules.get("tensorflow")
@@ -267,10 +297,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.resume and RunDirectory(args.results).stored_config() is None:
         raise ValueError(f"--resume: {args.results} holds no run to resume (no config.json)")
-    # SIGTERM stops the run as Ctrl-C does: with a word, not silently. SIGINT too, explicitly: a
-    # process started in the background (a shell's '&', a test worker) inherits it ignored.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _raise_interrupt)
+    _stop_on_signals()
     results = train_run(config, args.results, command=shlex.join(["python", "-m", "vcd_helpers", *argv]),
                         progress=not args.quiet)
     summary = {k: results[k] for k in SUMMARY_KEYS}
@@ -284,6 +311,7 @@ def _bench(args: argparse.Namespace) -> int:
                                    matmul_gflops, run_benchmark, step_breakdown)
     from vcd_helpers.devices import compute_threads, cpu_model
 
+    _stop_on_signals()
     if args.evaluation:
         config = load_config(args.configs[0])
         rows = [benchmark_evaluation(config, proposal=p, num_examples=args.examples, calls=args.calls)
@@ -315,9 +343,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     """``evaluate``: a finished or interrupted run's log-likelihood, by importance sampling or AIS."""
     from vcd_helpers.runs.evaluate import evaluate_run, evaluate_run_ais
 
+    _stop_on_signals()
     if args.ais:
-        record = evaluate_run_ais(args.results, num_examples=100 if args.examples is None else args.examples,
-                                  num_temperatures=args.temperatures, num_chains=args.chains)
+        given = {"num_examples": args.examples, "num_temperatures": args.temperatures, "num_chains": args.chains}
+        record = evaluate_run_ais(args.results, **{k: v for k, v in given.items() if v is not None})
     else:
         record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
                               num_examples=args.examples)
@@ -352,7 +381,9 @@ def die_with_supervisor() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_supervisor()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_combinations(parser, args)
     try:
         if args.command == "train":
             return _train(args, argv)
@@ -371,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except Exception as error:
-        message = _error_message(error)
+        message = _error_message(error, getattr(args, "results", None))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

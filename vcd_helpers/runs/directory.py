@@ -124,19 +124,25 @@ class RunDirectory:
         An empty or missing directory is claimed by writing ``config.json`` (``Config.identity``).
         A directory with the same identity is reused (the run resumes). Anything else is refused.
         """
+        reason = self.refusal(config)
+        if reason is not None:
+            raise RunDirectoryError(reason)
+        if self.stored_config() is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.config_file, json.dumps(config.identity(), indent=2, sort_keys=True) + "\n")
+
+    def refusal(self, config: Config) -> str | None:
+        """Why ``claim(config)`` refuses this directory, or None when it would claim or reuse it."""
         stored = self.stored_config()
         if stored is None:
             if self.path.exists() and any(p.name != LOCK_FILE for p in self.path.iterdir()):
-                raise RunDirectoryError(
-                    f"{self.path} is not empty and holds no {CONFIG_FILE}: it is not a results "
-                    "directory of this package; choose an empty or new directory")
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.config_file, json.dumps(config.identity(), indent=2, sort_keys=True) + "\n")
-            return
+                return (f"{self.path} is not empty and holds no {CONFIG_FILE}: it is not a results "
+                        "directory of this package; choose an empty or new directory")
+            return None
         differences = _differences(stored.identity(), config.identity())
-        if differences:
-            raise RunDirectoryError(
-                f"{self.path} holds a run with a different configuration; refusing to overwrite it. "
+        if not differences:
+            return None
+        return (f"{self.path} holds a run with a different configuration; refusing to overwrite it. "
                 "Differences: " + "; ".join(differences)
                 + ". Use a new --results directory, or the same options to resume that run.")
 

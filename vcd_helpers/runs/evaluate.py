@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vcd_helpers.config import Config, EvaluationConfig
+from vcd_helpers.config import Config, EvaluationConfig, check_positive_int
 from vcd_helpers.data import load_binarized_mnist
 from vcd_helpers.devices import code_version, cpu_model
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
@@ -95,13 +95,20 @@ def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, 
     return record
 
 
-def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = 100, num_temperatures: int = 1000,
-                     num_chains: int = 16) -> dict[str, Any]:
+#: ``evaluate_run_ais``'s defaults: images, intermediate distributions and chains per image.
+AIS_EXAMPLES, AIS_TEMPERATURES, AIS_CHAINS = 100, 1000, 16
+
+
+def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = AIS_EXAMPLES,
+                     num_temperatures: int = AIS_TEMPERATURES, num_chains: int = AIS_CHAINS) -> dict[str, Any]:
     """The annealed importance sampling estimate of log p(x) (``evaluation.ais_log_likelihood``)
     of the first ``num_examples`` images of the run's evaluation split, with the run's HMC
     settings: an independent check of the importance-sampled number. Writes
     evaluation-ais-T{temperatures}-K{chains}-N{examples}.json and .npy; returns the record.
-    Holds the directory's lock while it works, as ``evaluate_run`` does."""
+    Holds the directory's lock while it works, as ``evaluate_run`` does. Raises ValueError naming
+    a count that is not a positive integer, before any work."""
+    check_positive_int("num_temperatures", num_temperatures)
+    check_positive_int("num_chains", num_chains)
     model, config, step = _restore_writable(results_dir)
     # The importance-sampling evaluation's own check: positive, and no more than the split holds.
     evaluation = dataclasses.replace(config.evaluation, num_examples=num_examples)

@@ -44,7 +44,7 @@ from vcd_helpers.devices import COMMIT_FILE, cpu_model
 from vcd_helpers.results import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE, MODEL_DIR,
                                  RESULTS_FILE, SMALL_FILES, RunDirectoryError, checkpoint_steps, evaluation_file_name,
                                  finished_results, read_config, read_text)
-from vcd_helpers.runs.cli import SUPERVISOR_ENV
+from vcd_helpers.runs.cli import SUPERVISOR_ENV, config_from_options
 from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.plan import PLAN, PlannedRun
 
@@ -287,6 +287,9 @@ def _status_line(run: PlannedRun, directory: Path, width: int) -> str:
     config = read_config(directory)
     if config is None:
         return f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}"
+    refusal = RunDirectory(directory).refusal(config_from_options(run.options))
+    if refusal is not None:  # its training command refuses the directory: say why, not "stopped"
+        return f"{run.name:<{width}} {'refused':<10} {refusal}"
     if results is None and (directory / RESULTS_FILE).exists():
         raise RunDirectoryError(f"{directory / RESULTS_FILE} is damaged: the run's training command (which the "
                                 "runner gives it) evaluates the finished run again and rewrites it")
@@ -356,6 +359,9 @@ def main() -> int:
     root = runs_dir(args.runs_dir)
     if root.exists() and not root.is_dir():
         parser.error(f"the runs directory {root} (--runs-dir, $VCD_RUNS_DIR or ~/vcd-runs) is a file: give a directory")
+    if root.is_symlink() and not root.exists():
+        parser.error(f"the runs directory {root} (--runs-dir, $VCD_RUNS_DIR or ~/vcd-runs) is a symbolic link that "
+                     "leads nowhere (a loop, or a missing target): give a directory")
     if args.status:
         print(status(root))
         return 0

@@ -72,6 +72,10 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     if config.execution.steps_per_call is None:
         config = config.replace(execution={"steps_per_call": default_steps_per_call(config)})
     trainer = build_trainer(config)  # first: what it refuses (e.g. a missing device) leaves no directory
+    # The data too: a set-up that fails (a bad $VCD_DATA_SOURCE, an unwritable cache) claims nothing.
+    # load_binarized_mnist keeps each split for the process, so later calls cost nothing.
+    for split in dict.fromkeys(["train", config.evaluation.split]):
+        load_binarized_mnist(split)
     run = RunDirectory(Path(results_dir))
     with run.lock(command or "train_run"):
         run.claim(config)
