@@ -184,3 +184,27 @@ def test_a_verdict_reads_as_a_clause_for_the_prose():
     assert slower.phrase("eager", "XLA") == "eager is resolved as slower than XLA (1.84 x, interval [1.80, 1.90])"
     assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is resolved as faster than k = 1 (0.50 x")
     assert same.phrase("k = 10", "k = 1") == "no difference between k = 10 and k = 1 is resolved (0.99 x, interval [0.97, 1.02])"
+    much_faster = timing.RatioInterval(0.0123, 0.0121, 0.0125, 0.95, 10)  # not "0.01 x, interval [0.01, 0.01]"
+    assert much_faster.phrase("XLA", "eager").endswith("(0.012 x, interval [0.012, 0.013])")
+
+
+@pytest.mark.parametrize("interval, shown", [
+    # Two significant digits at least: a 80-fold speed-up is not "0.01 x [0.01, 0.01]".
+    ((0.0123, 0.0121, 0.0125), "0.012 x [0.012, 0.013]"),
+    # A resolved interval never shows a bound of 1.000: its digits show why it is resolved.
+    ((0.994, 0.981, 0.9996), "0.9940 x [0.9810, 0.9996]"),
+    ((1.0004, 1.0002, 1.0009), "1.0004 x [1.0002, 1.0009]"),
+    # An unresolved one, or an ordinary one, keeps three decimals.
+    ((0.994, 0.981, 1.002), "0.994 x [0.981, 1.002]"),
+    ((1.85, 1.80, 1.90), "1.850 x [1.800, 1.900]"),
+])
+def test_a_ratio_is_printed_with_the_digits_its_verdict_needs(interval, shown):
+    assert str(timing.RatioInterval(*interval, 0.95, 12)).startswith(shown + " (95% interval, 12 rounds)")
+
+
+def test_the_baseline_prints_as_the_baseline_not_as_a_verdict():
+    timings = _alternated({"a": np.array([1.0, 1.1, 0.9, 1.0, 1.2]), "b": np.array([2.0, 2.1, 1.9, 2.2, 2.0])})
+    result = timing.compare(timings, baseline="a")
+    assert result["a"].is_baseline and not result["b"].is_baseline
+    assert str(result["a"]) == "1 x: the baseline itself" and result["a"].phrase("a", "a") == "a is the baseline"
+    assert str(result["b"]).startswith("2.0") and result["b"].verdict == "slower"

@@ -208,6 +208,7 @@ class RatioInterval:
     confidence: float
     rounds: int
     machine: MachineLoad | None = None
+    is_baseline: bool = False  # the baseline against itself: exactly 1, nothing to resolve
 
     @property
     def differs(self) -> bool:
@@ -225,17 +226,34 @@ class RatioInterval:
         """The verdict as a clause for the prose, e.g. "eager is resolved as slower than XLA
         (1.84 x, interval [1.80, 1.90])" or "no difference between k = 10 and k = 1 is
         resolved (0.99 x, interval [0.97, 1.02])"."""
-        numbers = f"({self.ratio:.2f} x, interval [{self.low:.2f}, {self.high:.2f}])"
+        if self.is_baseline:
+            return f"{variant} is the baseline"
+        ratio, low, high = self.numbers(minimum_decimals=2)
+        numbers = f"({ratio} x, interval [{low}, {high}])"
         if not self.differs:
             return f"no difference between {variant} and {baseline} is resolved {numbers}"
         return f"{variant} is resolved as {self.verdict} than {baseline} {numbers}"
 
+    def numbers(self, minimum_decimals: int = 3) -> tuple[str, str, str]:
+        """The ratio and its interval as text, with the decimals they need: at least two
+        significant digits each (0.0123, not 0.01), and an interval that excludes 1 never
+        printed with a bound of 1.000 (0.9995, not 1.000), so that the digits show the verdict."""
+        values = (self.ratio, self.low, self.high)
+        decimals = minimum_decimals
+        while decimals < 8 and (any(0 < abs(v) < 10 ** (1 - decimals) for v in values)
+                                or (self.differs and any(f"{v:.{decimals}f}" == f"{1:.{decimals}f}" for v in values))):
+            decimals += 1
+        return tuple(f"{v:.{decimals}f}" for v in values)
+
     def __str__(self) -> str:
+        if self.is_baseline:
+            return "1 x: the baseline itself"
         # Below MIN_INTERVAL_ROUNDS the bootstrap can only return the rounds' own ratios: say so.
         basis = (f"{self.confidence:.0%} interval, {self.rounds} rounds" if self.rounds >= MIN_INTERVAL_ROUNDS
                  else f"only {self.rounds} rounds: about their range, not a {self.confidence:.0%} interval")
         where = "" if self.machine is None else f" [{self.machine}]"
-        return f"{self.ratio:.3f} x [{self.low:.3f}, {self.high:.3f}] ({basis}): {self.verdict}{where}"
+        ratio, low, high = self.numbers()
+        return f"{ratio} x [{low}, {high}] ({basis}): {self.verdict}{where}"
 
 
 def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.95, seed: int = 0,
@@ -247,7 +265,7 @@ def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.
     machine's speed was in that round. The statistic is the median of these per-round ratios;
     its interval is the percentile bootstrap over rounds (``resamples`` resamples of the rounds,
     drawn with ``seed``). A variant ``differs`` when the interval excludes 1. Every variant is
-    in the result, the baseline too (exactly 1).
+    in the result, the baseline too (exactly 1, ``is_baseline``: it prints as the baseline).
 
     With few rounds the interval is coarse: the bootstrap median of r rounds can only take the
     values of the r ratios, so with 3 rounds the interval is their range. ``MIN_INTERVAL_ROUNDS``
@@ -281,7 +299,7 @@ def compare(timings: dict[str, Timing], baseline: str, *, confidence: float = 0.
     for name, seconds in per_unit.items():
         low, high = median_interval(seconds / per_unit[baseline], confidence=confidence, seed=seed, resamples=resamples)
         result[name] = RatioInterval(float(np.median(seconds / per_unit[baseline])), low, high, confidence, num_rounds,
-                                     timings[baseline].machine)
+                                     timings[baseline].machine, is_baseline=name == baseline)
     return result
 
 
