@@ -49,7 +49,7 @@ def test_every_committed_config_reads_and_each_planned_run_is_the_run_it_committ
 
 def test_the_plan_is_the_issue_list_of_valid_runs():
     configs = {run.name: _config(run) for run in PLAN}
-    assert len(configs) == len(PLAN) == 26
+    assert len(configs) == len(PLAN) == 30
     headline = [run.name for run in PLAN if run.headline]
     # Runs 1-3 first, then the 1,600-epoch run (claim 4), which thus takes one of the two slots.
     assert headline == ["vcd_scheduled_e800_s0", "vae_e800_s0", "vcd_global_e800_s0", "vcd_scheduled_e1600_s0"]
@@ -74,7 +74,13 @@ def test_the_plan_is_the_issue_list_of_valid_runs():
         assert run.keeps_weights and not run.extra_proposals and not run.headline
         base = configs[run.name.replace(run.name[-2:], "s0")]
         assert configs[run.name] == base.replace(seed=int(run.name[-1]), curve_every_epochs=None)
-    assert [run.name for run in PLAN if run.keeps_weights] == headline + seeds
+    # Hoffman (2017) next: the paper's VCD run but for the method, three seeds at 100 epochs, one at 800.
+    hoffman = [f"hoffman_e100_s{seed}" for seed in (0, 1, 2)] + ["hoffman_e800_s0"]
+    assert [run.name for run in PLAN[8:12]] == hoffman
+    for name in hoffman:
+        vcd = configs[name.replace("hoffman", "vcd_scheduled")]
+        assert configs[name] == vcd.replace(method="hoffman"), name
+    assert [run.name for run in PLAN if run.keeps_weights] == headline + seeds + ["hoffman_e800_s0"]
     # bf16 against float32: the same run but for the multiplies' precision.
     assert configs["vcd_scheduled_e100_s0_bf16"] == configs["vcd_scheduled_e100_s0"].replace(precision="bfloat16")
     # The batch-size study: 100 epochs at the tuned rates, the decay timescale scaled with the length.

@@ -221,7 +221,8 @@ def test_each_execution_and_method_gets_its_trainer():
 
 
 @pytest.mark.parametrize("method, execution, named", [
-    ("vae", {"chain_shards": 2}, "execution.chain_shards=2 is invalid: only VCD has a chain to shard, not method='vae'"),
+    ("vae", {"chain_shards": 2},
+     "execution.chain_shards=2 is invalid: only a method with an HMC chain (vcd, hoffman) has one to shard, not method='vae'"),
     ("vcd", {"pipeline": {"micro_batch_size": 25}, "chain_shards": 2}, "execution.chain_shards=2 is invalid: only plain VCD's chain is "
                                                   "sharded, not a pipelined step's"),
     ("vcd", {"strategy": "mirrored", "replicas": 2, "chain_shards": 1},

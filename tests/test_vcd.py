@@ -207,7 +207,7 @@ def test_a_sharded_chain_gives_the_same_step():
 
 
 def test_chain_shards_are_checked():
-    with pytest.raises(ValueError, match="execution.chain_shards=2 is invalid: only VCD has a chain to shard"):
+    with pytest.raises(ValueError, match="execution.chain_shards=2 is invalid: only a method with an HMC chain"):
         load_config("tiny", method="vae", execution={"chain_shards": 2})
     with pytest.raises(ValueError, match="execution.chain_shards=0 is invalid: must be a positive integer"):
         load_config("tiny", execution={"chain_shards": 0})

@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import (NUM_PIXELS, SPLIT_SIZES, Config, EvaluationConfig, check_one_of, check_positive_int,
-                                load_config)
+from vcd_helpers.config import (CHAIN_METHODS, NUM_PIXELS, SPLIT_SIZES, Config, EvaluationConfig, check_one_of,
+                                check_positive_int, load_config)
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.devices import cpu_model
 from vcd_helpers.evaluation import make_evaluator
@@ -53,7 +53,8 @@ def step_flops(config: Config) -> float:
     F more again. VCD: the HMC chain evaluates log p(x, z) and its gradient 1 + T*L times
     (2F each; its first evaluation, at z0, also serves the encoder's pathwise term); the decoder
     loss at zT trains the decoder (3F); each encoder net runs forward and is trained (3F each).
-    The VAE: one encoder and decoder pass, trained (3F each).
+    The VAE: one encoder and decoder pass, trained (3F each). Hoffman's method: VCD's chain and
+    decoder loss, its encoder trained by the ELBO at z0 (a decoder pass back-propagated to z0, 2F).
     """
     hidden, latent = config.model.hidden_units, config.model.latent_dim
     decoder = mlp_forward_flops([latent, hidden, hidden, NUM_PIXELS])
@@ -63,6 +64,8 @@ def step_flops(config: Config) -> float:
     else:
         evaluations = 1 + config.hmc.num_iterations * config.hmc.num_leapfrog_steps
         per_example = evaluations * 2 * decoder + 3 * decoder + 2 * 3 * encoder_net
+        if config.method == "hoffman":
+            per_example += 2 * decoder
     return float(per_example * config.batch_size)
 
 
@@ -183,7 +186,7 @@ def benchmark_row(config: Config, *, steps_per_call: int = 10, calls: int = 5, s
 def row_from_timing(config: Config, timed: Timing, shape_gflops: float) -> BenchmarkRow:
     """The benchmark row of ``config``'s step timed as ``timed`` (per step), against the matmul
     rate ``shape_gflops`` at the step's widest multiply."""
-    chain_shards = chain_blocks(config.execution) if config.method == "vcd" else None
+    chain_shards = chain_blocks(config.execution) if config.method in CHAIN_METHODS else None
     flops, ms = step_flops(config), timed.median_ms
     return BenchmarkRow(config.name, config.batch_size, ms, 1000 * config.batch_size / ms,
                         flops / (ms / 1000) / 1e9, shape_gflops, 1000 * flops / (shape_gflops * 1e9),

@@ -36,7 +36,11 @@ NUM_TRAIN_EXAMPLES = SPLIT_SIZES["train"]
 TUNED_LEARNING_RATES: dict[int, float] = {16: 5e-4, 100: 5e-4, 128: 9e-4, 512: 9e-4, 1024: 1.3e-3}
 
 CONTROL_VARIATE_KINDS = ("none", "global", "local", "scheduled")
-METHODS = ("vcd", "vae")
+#: vcd: Ruiz & Titsias (2019); vae: the plain ELBO; hoffman: Hoffman (2017), the decoder trained on
+#: the HMC chain's end as in VCD, the encoder by the ELBO.
+METHODS = ("vcd", "vae", "hoffman")
+#: The methods whose step runs an HMC chain (whose rows ``execution.chain_shards`` cuts into blocks).
+CHAIN_METHODS = ("vcd", "hoffman")
 PROPOSALS = ("encoder", "hmc_mean", "hmc_moments")
 EVAL_SPLITS = ("valid", "test")
 #: How a VCD step is spread over devices: one device, mirrored replicas, or one process per worker.
@@ -438,9 +442,10 @@ class Config:
             name, value = (("execution.pipeline", execution.pipeline) if execution.pipeline is not None
                            else ("execution.strategy", execution.strategy))
             _fail(name, value, f"only VCD's step is pipelined or replicated, not method={self.method!r}")
-        if execution.chain_shards is not None and self.method != "vcd":
+        if execution.chain_shards is not None and self.method not in CHAIN_METHODS:
             _fail("execution.chain_shards", execution.chain_shards,
-                  f"only VCD has a chain to shard, not method={self.method!r} (leave it unset)")
+                  f"only a method with an HMC chain ({', '.join(CHAIN_METHODS)}) has one to shard, not "
+                  f"method={self.method!r} (leave it unset)")
         if execution.chain_shards is not None and execution.chain_shards > self.batch_size:
             _fail("execution.chain_shards", execution.chain_shards,
                   f"must be at most batch_size={self.batch_size}: a block holds at least one chain")

@@ -1,5 +1,6 @@
-"""Training objectives: the reparameterised ELBO of the plain VAE, and the VCD surrogate losses;
-and, to read a trained model, the VCD divergence's two parts (the chain's gain, the scale term).
+"""Training objectives: the reparameterised ELBO of the plain VAE, the VCD surrogate losses and
+Hoffman (2017)'s losses (the ELBO for the encoder, the chain's end for the decoder); and, to read
+a trained model, the VCD divergence's two parts (the chain's gain, the scale term).
 
 Shapes: x [batch, 784]; per-example objectives [batch]. Losses are *summed* over the batch, as
 in the reference code, so learning rates are per-example rates.
@@ -114,6 +115,29 @@ def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Ten
     encoder_loss, g = encoder_surrogate_loss(loc, scale, z0, zT, chain.initial_log_prob, chain.initial_gradient,
                                              log_joint_zT, baseline)
     return encoder_loss, -tf.reduce_sum(log_likelihood_zT), g
+
+
+def hoffman_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor,
+                             chain: HMCResult, precision: str = "float32") -> tuple[tf.Tensor, tf.Tensor]:
+    """Hoffman (2017)'s two losses of a batch, each summed over it. The decoder learns as in VCD,
+    from the end zT of the HMC chain run from the encoder's draw z0; the encoder learns as in the
+    plain VAE, by the ELBO at z0:
+
+        encoder_loss = -sum_n [ log p(x, z0) - log q0(z0 | x) ]    z0 = loc + scale * noise
+        decoder_loss = -sum_n log p(x | zT)
+
+    Args:
+      x [B, 784]; loc, scale [B, D], differentiable; noise [B, D], the draw that made z0, the
+        chain's start.
+      chain: the HMC chain run from z0 on log p(x, .).
+      precision: the networks' multiplies (``model.matmul``).
+    Returns (encoder_loss, decoder_loss). Take the encoder loss's gradient with respect to the
+    encoder's variables only (the ELBO's gradient in the decoder is not used) and the decoder
+    loss's with respect to the decoder's. No score function, so no control variate.
+    """
+    encoder_loss = -tf.reduce_sum(reparameterised_elbo(lambda z: model.log_joint(x, z, precision), loc, scale, noise))
+    zT = tf.stop_gradient(chain.final_state)
+    return encoder_loss, -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT, precision)))
 
 
 class VCDTerms(NamedTuple):

@@ -12,7 +12,7 @@ import tensorflow as tf
 SeedLike = int | tf.Tensor
 
 #: Each method's training steps draw from their own stream of the run's seed: [seed, stream].
-TRAINING_STREAMS = {"vae": 1, "vcd": 2}
+TRAINING_STREAMS = {"vae": 1, "vcd": 2, "hoffman": 3}
 
 
 def as_seed(seed: SeedLike) -> tf.Tensor:

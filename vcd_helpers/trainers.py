@@ -5,7 +5,7 @@ builds one at a finished run's final state.
 variate, HMC step size, step counter) is the same in all three, so their checkpoints are
 interchangeable:
 
-- plain: one step of ``config.method`` on one device (``VAETrainer`` or ``VCDTrainer``);
+- plain: one step of ``config.method`` on one device (``VAETrainer``, ``VCDTrainer`` or ``HoffmanTrainer``);
 - pipelined (``execution.pipeline``): VCD's step cut into three stages on three devices,
   micro-batches flowing through them (``PipelinedVCDTrainer``);
 - replicated (``execution.strategy``): VCD's step data-parallel on the strategy's replicas
@@ -22,9 +22,9 @@ from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_for
 from vcd_helpers.model import VAE
 from vcd_helpers.pipeline import PipelinedVCDTrainer
 from vcd_helpers.results import read_final_weights, require_config
-from vcd_helpers.training import VAETrainer, VCDTrainer
+from vcd_helpers.training import HoffmanTrainer, VAETrainer, VCDTrainer
 
-_TRAINERS = {("vae", "plain"): VAETrainer, ("vcd", "plain"): VCDTrainer,
+_TRAINERS = {("vae", "plain"): VAETrainer, ("vcd", "plain"): VCDTrainer, ("hoffman", "plain"): HoffmanTrainer,
              ("vcd", "pipelined"): PipelinedVCDTrainer, ("vcd", "replicated"): ReplicatedVCDTrainer}
 
 

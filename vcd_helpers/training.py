@@ -18,7 +18,7 @@ from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.devices import compute_threads
 from vcd_helpers.hmc import HMCResult, hmc_chain, sharded_target
 from vcd_helpers.model import VAE
-from vcd_helpers.objectives import elbo, vcd_surrogate_losses
+from vcd_helpers.objectives import elbo, hoffman_surrogate_losses, vcd_surrogate_losses
 from vcd_helpers.optim import make_optimizers
 from vcd_helpers.seeds import fold_in, split_seed, training_seed
 
@@ -49,12 +49,13 @@ def chain_blocks(execution: ExecutionConfig) -> int:
 
 class VCDEstimate(NamedTuple):
     """One draw of VCD's gradient estimator. gradients: {group: [tensor per variable]};
-    encoder_loss, decoder_loss: batch sums; g: g(zT) [B]; accept_rate, step_size: the chain's."""
+    encoder_loss, decoder_loss: batch sums; g: g(zT) [B] (None for Hoffman's method, which has
+    no control variate); accept_rate, step_size: the chain's."""
 
     gradients: dict[str, list[tf.Tensor]]
     encoder_loss: tf.Tensor
     decoder_loss: tf.Tensor
-    g: tf.Tensor
+    g: tf.Tensor | None
     accept_rate: tf.Tensor
     step_size: tf.Tensor
 
@@ -189,6 +190,55 @@ class VCDTrainer(tf.Module):
         return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
                 "accept_rate": estimate.accept_rate, "step_size": estimate.step_size,
                 "control_variate": tf.reduce_mean(baseline)}
+
+
+class HoffmanTrainer(VCDTrainer):
+    """Hoffman (2017): VCD's chain and decoder update, the VAE's encoder update.
+
+    The step draws z0 from the encoder and runs the same HMC chain from it (same settings, same
+    adapted step size, carried from step to step); the decoder learns from the chain's end zT, as
+    in VCD, and the encoder by the ELBO at z0, as in the plain VAE (``hoffman_surrogate_losses``).
+    Beside VCD it isolates what VCD's encoder objective adds to "refine the encoder's draw with
+    HMC". Its state is VCD's without the control variate; it is trained plain (one device).
+    """
+
+    metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size")
+
+    def __init__(self, model: VAE, config: Config):
+        super().__init__(model, config)
+        self.seed = training_seed(config.seed, "hoffman")
+
+    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
+        return {"model": self.model, "step_size": self.step_size}
+
+    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
+        """One draw of the method's gradients, without changing any state: x [B, 784]; baseline
+        unused (no score function); seed [2], split as VCD's. g is None."""
+        del baseline
+        groups = self.model.parameter_groups()
+        noise_seed, chain_seed = tf.unstack(split_seed(seed, 2))
+        precision = self.config.precision
+        with tf.GradientTape(persistent=True) as tape:
+            loc, scale = self.model.encoder(x, precision)
+            noise = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
+            with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
+                chain = self.run_chain(x, loc + scale * noise, self.step_size, chain_seed)
+            encoder_loss, decoder_loss = hoffman_surrogate_losses(self.model, x, loc, scale, noise, chain, precision)
+        gradients = tape.gradient(encoder_loss, {name: groups[name] for name in ("encoder_mean", "encoder_scale")})
+        gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
+        del tape
+        return VCDEstimate(gradients, encoder_loss, decoder_loss, None, chain.accept_rate, chain.step_size)
+
+    def apply_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor,
+                       estimate: VCDEstimate) -> dict[str, tf.Tensor]:
+        """Update the weights, the step size and the step (no control variate); the per-example metrics."""
+        for name, optimizer in self.optimizers.items():
+            optimizer.apply_gradients(estimate.gradients[name], self.step)
+        self.step_size.assign(estimate.step_size)
+        self.step.assign_add(1)
+        batch = tf.cast(tf.shape(x)[0], estimate.encoder_loss.dtype)
+        return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
+                "accept_rate": estimate.accept_rate, "step_size": estimate.step_size}
 
 
 def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,

@@ -59,6 +59,13 @@ def _plan() -> list[PlannedRun]:
              for kind, options in (("vcd_scheduled", ("--config", "default")),
                                    ("vae", ("--config", "default", "--method", "vae")))
              for seed in (1, 2)]
+    # VCD among its siblings: Hoffman (2017), VCD's chain and decoder update with the VAE's encoder
+    # update, on the paper's configuration; three seeds at 100 epochs beside runs 4's, one at 800
+    # beside runs 1-2 (its weights kept), each with its learning curve, for equal-step comparisons.
+    hoffman = ("--config", "default", "--method", "hoffman")
+    runs += [PlannedRun(f"hoffman_e100_s{seed}", (*hoffman, "--epochs", "100", "--seed", str(seed), *CURVE))
+             for seed in (0, 1, 2)]
+    runs.append(PlannedRun("hoffman_e800_s0", (*hoffman, "--epochs", "800", *CURVE), weights=True))
     # 4: 100 epochs, three seeds, for error bars and paired per-image differences.
     kinds = {"vcd_scheduled": ("--config", "default"), "vcd_global": ("--config", "global_cv"),
              "vcd_local": ("--config", "default", "--control-variate", "local"),
