@@ -105,3 +105,40 @@ def test_ais_draws_per_batch_of_100_images_by_default():
     default = ais()
     np.testing.assert_array_equal(default, ais(batch_size=100))
     assert default[100] != ais(batch_size=101)[100]
+
+
+def _chain(model, **overrides):
+    arguments = dict(burn_in=6, kept=5, step_size=0.5, seed=3, trace_burn_in=True) | overrides
+    return evaluation.hmc_posterior_chain(model, X, **HMC.kernel_arguments() | {"adaptation_rate": 0.05}, **arguments)
+
+
+def test_the_burn_in_adapts_the_step_size_and_without_it_nothing_adapts(model):
+    # Started far above what a 0.9 acceptance allows, the burn-in must shrink the step size.
+    adapted = _chain(model)
+    assert float(adapted.step_size) < 0.5 and np.isfinite(float(adapted.burn_in_accept_rate))
+    frozen = _chain(model, burn_in=0, trace_burn_in=False)
+    assert float(frozen.step_size) == 0.5 and np.isnan(float(frozen.burn_in_accept_rate))
+
+
+def test_the_kept_phase_runs_at_the_burn_ins_step_size_and_never_adapts(model):
+    # The kept phase's step size is the burn-in's last one, whatever the number of kept states:
+    # a kept phase that adapted would end elsewhere after 1 and after 12 iterations.
+    short, long = _chain(model, kept=1), _chain(model, kept=12)
+    assert float(short.step_size) == float(long.step_size) < 0.5
+    # Its first state is the burn-in's last state moved by one HMC iteration at that step size:
+    # run from the burn-in's end with the adapted step size and no burn-in, it is the same state.
+    resumed = evaluation.hmc_posterior_chain(
+        model, X, burn_in=0, kept=1, step_size=float(short.step_size), seed=3, initial_state=short.burn_in_states[-1],
+        **HMC.kernel_arguments())
+    np.testing.assert_allclose(resumed.kept_states, short.kept_states, rtol=1e-6, atol=1e-6)
+
+
+def test_the_moments_come_from_the_kept_states_only(model):
+    chain = _chain(model, burn_in=4, kept=6, step_size=HMC.initial_step_size, seed=9)
+    mean, std = evaluation.hmc_posterior_moments(
+        model, X, burn_in=4, kept=6, step_size=HMC.initial_step_size, seed=9,
+        **HMC.kernel_arguments() | {"adaptation_rate": 0.05})
+    np.testing.assert_allclose(mean, tf.reduce_mean(chain.kept_states, axis=0), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(std, tf.math.reduce_std(chain.kept_states, axis=0), rtol=1e-5, atol=1e-7)
+    every_state = tf.concat([chain.burn_in_states, chain.kept_states], axis=0)
+    assert float(tf.reduce_max(tf.abs(mean - tf.reduce_mean(every_state, axis=0)))) > 1e-4
