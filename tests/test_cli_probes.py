@@ -173,7 +173,11 @@ def test_a_bad_thread_count_is_refused_in_one_line_before_tensorflow_runs(place,
 def test_ctrl_c_while_the_package_imports_is_one_line(place, entry):
     process = subprocess.Popen([_filled(a, place) for a in COMMANDS[entry]], cwd=ROOT, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(0.8)  # importing TensorFlow takes seconds
+    # Interrupt once TensorFlow's library is being loaded (its import takes seconds), whatever the load.
+    maps = Path(f"/proc/{process.pid}/maps")
+    deadline = time.monotonic() + 120
+    while "tensorflow" not in maps.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err.strip() == "interrupted", err

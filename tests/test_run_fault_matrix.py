@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -317,6 +318,7 @@ def _status(tmp_path: Path, runs_of: dict[str, Path], monkeypatch, capfd) -> tup
     for name, run in runs_of.items():
         shutil.move(run, root / "runs" / name)
     monkeypatch.setattr(runner, "RESULTS", tmp_path / "committed")  # none committed
+    _planned_as_built(monkeypatch)
     monkeypatch.setenv("VCD_RUNS_DIR", str(root))
     monkeypatch.setattr(sys, "argv", ["run_experiments.py", "--status"])
     capfd.readouterr()
@@ -326,6 +328,17 @@ def _status(tmp_path: Path, runs_of: dict[str, Path], monkeypatch, capfd) -> tup
 
 
 STATUS_NAMES = {"finished": "vcd_global_e100_s1", "unfinished": "vcd_global_e100_s2"}
+
+
+def _planned_as_built(monkeypatch) -> None:
+    """The small runs stand in for two planned runs: the plan's config, for status, is theirs (with
+    the plan's own, status shows them as the runs their training command refuses)."""
+    from vcd_helpers.runs.cli import config_from_options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "small.json").write_text(json.dumps(_small_config()))
+        small = config_from_options(_train_argv(Path(tmp) / "small.json", Path(tmp) / "run")[1:])
+    monkeypatch.setattr(runner, "config_from_options", lambda options: small)
 
 
 def _status_lines(out: str) -> dict[str, str]:
@@ -339,6 +352,7 @@ def intact_status(built, tmp_path_factory) -> dict[str, str]:
     copies = {STATUS_NAMES[s]: _copy_run(built[s], tmp / s) for s in STATUS_NAMES}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runner, "RESULTS", tmp / "committed")
+        _planned_as_built(patch)
         root = tmp / "vcd-runs"
         (root / "runs").mkdir(parents=True)
         for name, run in copies.items():
@@ -489,4 +503,6 @@ def test_no_traceback_from_the_real_status(built, tmp_path):
     assert process.returncode == 0 and process.stderr == "", process.stderr
     lines = _status_lines(process.stdout)
     assert lines[STATUS_NAMES["finished"]].split()[1] == "damaged" and "config.json" in lines[STATUS_NAMES["finished"]]
-    assert lines[STATUS_NAMES["unfinished"]].split()[1] == "stopped"
+    # The stand-in's config is not the planned run's: its training command would refuse it, and says why.
+    unfinished = lines[STATUS_NAMES["unfinished"]]
+    assert unfinished.split()[1] == "refused" and "holds a run with a different configuration" in unfinished

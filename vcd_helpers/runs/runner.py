@@ -287,9 +287,6 @@ def _status_line(run: PlannedRun, directory: Path, width: int) -> str:
     config = read_config(directory)
     if config is None:
         return f"{run.name:<{width}} {'committed' if _is_committed(run) else 'pending':<10}"
-    refusal = RunDirectory(directory).refusal(config_from_options(run.options))
-    if refusal is not None:  # its training command refuses the directory: say why, not "stopped"
-        return f"{run.name:<{width}} {'refused':<10} {refusal}"
     if results is None and (directory / RESULTS_FILE).exists():
         raise RunDirectoryError(f"{directory / RESULTS_FILE} is damaged: the run's training command (which the "
                                 "runner gives it) evaluates the finished run again and rewrites it")
@@ -314,6 +311,9 @@ def _status_line(run: PlannedRun, directory: Path, width: int) -> str:
     epoch = f"{step / config.steps_per_epoch:.0f}/{config.num_steps / config.steps_per_epoch:.0f}"
     if _is_done(run, directory):
         state, left = "done", 0.0
+    elif (refusal := RunDirectory(directory).refusal(config_from_options(run.options))) is not None:
+        # Its training command refuses the directory (another run's config): say why, not "stopped".
+        return f"{run.name:<{width}} {'refused':<10} {refusal}"
     else:
         # After the last step a run is evaluating: its final estimate, then (runs 1-3) the other proposals.
         evaluating = results is not None or step >= config.num_steps

@@ -27,7 +27,7 @@ from vcd_helpers.devices import device_summary
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.loops import fit
 from vcd_helpers.results import (CURVE_COLUMNS, CURVE_STRINGS, LOCAL_BASELINE_FILE, PER_EXAMPLE_FILE,
-                                 RunDirectoryError, csv_rows, read_launches, read_metrics, warn)
+                                 RunDirectoryError, csv_rows, finished_results, read_launches, read_metrics, warn)
 from vcd_helpers.runs.checkpoints import (KEPT_CHECKPOINTS, newest_checkpoint_name, repair_checkpoint_index,
                                           restore_newest)
 from vcd_helpers.runs.directory import (RunDirectory, launch_changes, record_launch, record_resume_check, rows_up_to,
@@ -72,11 +72,12 @@ def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = 
     if config.execution.steps_per_call is None:
         config = config.replace(execution={"steps_per_call": default_steps_per_call(config)})
     trainer = build_trainer(config)  # first: what it refuses (e.g. a missing device) leaves no directory
-    # The data too: a set-up that fails (a bad $VCD_DATA_SOURCE, an unwritable cache) claims nothing.
-    # load_binarized_mnist keeps each split for the process, so later calls cost nothing.
-    for split in dict.fromkeys(["train", config.evaluation.split]):
-        load_binarized_mnist(split)
     run = RunDirectory(Path(results_dir))
+    if finished_results(run.path) is None:  # a finished run returns its results: it needs no data
+        # The data too: a set-up that fails (a bad $VCD_DATA_SOURCE, an unwritable cache) claims
+        # nothing. load_binarized_mnist keeps each split for the process: later calls cost nothing.
+        for split in dict.fromkeys(["train", config.evaluation.split]):
+            load_binarized_mnist(split)
     with run.lock(command or "train_run"):
         run.claim(config)
         stored = run.stored_results()
