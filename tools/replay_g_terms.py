@@ -133,11 +133,6 @@ def _measurements(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # The runner trains each run on one thread (its two runs share two cores): the same thread
-    # count sums the same floats in the same order, so the replay's metrics equal the run's.
-    # (TensorFlow reads these when it runs its first op, which is after this.)
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
     plan = {run.name: run for run in PLAN}
     parser = argparse.ArgumentParser(prog="tools/replay_g_terms.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="+", choices=sorted(plan), metavar="NAME",
@@ -178,4 +173,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # The runner trains each run on one thread (its two runs share two cores): the same thread
+    # count sums the same floats in the same order, so the replay's metrics equal the run's.
+    # TensorFlow reads these when it runs its first op, which is after this; set here, not in
+    # main, so that a caller's process (a test calling main) keeps its own environment.
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
     sys.exit(main())
