@@ -8,24 +8,15 @@ import pytest
 import tensorflow as tf
 
 from vcd_helpers.config import load_config
-from vcd_helpers.hmc import HMCResult, value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood
 from vcd_helpers.objectives import hoffman_surrogate_losses, posterior_distribution
 from vcd_helpers.seeds import training_seed
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import HoffmanTrainer, VCDTrainer
 
+from test_vcd import _batch, _chain_ending_at  # VCD's test batch and hand-made chain (tests/ is on the path)
+
 CONFIG = load_config("tiny", batch_size=6, model={"min_scale": 0.1})
-
-
-def _batch(n=6, seed=0):
-    return tf.cast(tf.random.stateless_uniform([n, 784], seed=[seed, 1]) < 0.2, tf.float32)
-
-
-def _chain_ending_at(model, x, z0, zT):
-    log_joint_z0, grad_z0 = value_and_gradient(lambda z: model.log_joint(x, z), tf.stop_gradient(z0))
-    return HMCResult(final_state=zT, final_log_prob=model.log_joint(x, zT), step_size=tf.constant(0.05),
-                     accept_rate=tf.constant(1.0), trace=None, initial_log_prob=log_joint_z0, initial_gradient=grad_z0)
 
 
 def _losses_and_gradients(model, x, noise, zT):
