@@ -23,7 +23,7 @@ def _losses_and_gradients(model, x, noise, zT):
     with tf.GradientTape(persistent=True) as tape:
         loc, scale = model.encoder(x)
         z0 = loc + scale * noise
-        encoder_loss, decoder_loss = hoffman_surrogate_losses(model, x, loc, scale, noise,
+        encoder_loss, decoder_loss = hoffman_surrogate_losses(model, x, loc, scale, z0,
                                                               _chain_ending_at(model, x, z0, zT))
         elbo = model.log_joint(x, z0) - posterior_distribution(loc, scale).log_prob(z0)
         formulas = (-tf.reduce_sum(elbo), -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT))))
@@ -60,6 +60,26 @@ def test_the_encoder_learns_nothing_from_the_chain_and_the_decoder_nothing_from_
     assert float(dec_c) == float(dec_a)
     for a, c in zip(dgrads_a, dgrads_c):
         np.testing.assert_array_equal(a, c)
+
+
+def test_the_encoder_reads_log_p_at_z0_from_the_chains_first_evaluation():
+    # No second decoder pass at z0: shift the chain's recorded log p(x, z0) and the loss shifts by
+    # exactly that, summed; tilt its recorded gradient and the encoder's gradient follows.
+    model = VAE(seed=0)
+    x = _batch()
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * tf.random.stateless_normal([6, 10], seed=[2, 2])
+        chain = _chain_ending_at(model, x, z0, z0)
+        shifted = chain._replace(initial_log_prob=chain.initial_log_prob + 3.0,
+                                 initial_gradient=chain.initial_gradient + 1.0)
+        loss, _ = hoffman_surrogate_losses(model, x, loc, scale, z0, chain)
+        loss_shifted, _ = hoffman_surrogate_losses(model, x, loc, scale, z0, shifted)
+        tilt = -tf.reduce_sum(z0)  # what a gradient raised by 1 in every coordinate adds to -log p
+    np.testing.assert_allclose(float(loss_shifted), float(loss) - 6 * 3.0, rtol=1e-6)
+    encoder = model.encoder.trainable_variables
+    for a, b, c in zip(tape.gradient(loss_shifted, encoder), tape.gradient(loss, encoder), tape.gradient(tilt, encoder)):
+        np.testing.assert_allclose(a, b + c, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
 
 
 def _trainer(kind):
@@ -108,6 +128,7 @@ def test_a_step_updates_the_weights_the_step_size_and_the_step_and_has_no_contro
     assert float(trainer.step_size) != CONFIG.hmc.initial_step_size  # adapted by the chain
     assert all(not np.array_equal(a, b.numpy()) for a, b in zip(before, trainer.model.trainable_variables))
     assert set(trainer.checkpoint_objects()) == {"model", "step_size"}
+    assert not hasattr(trainer, "control_variate")  # no score function, nothing to carry per row
 
 
 def test_its_steps_draw_from_their_own_stream():

@@ -53,8 +53,8 @@ def step_flops(config: Config) -> float:
     F more again. VCD: the HMC chain evaluates log p(x, z) and its gradient 1 + T*L times
     (2F each; its first evaluation, at z0, also serves the encoder's pathwise term); the decoder
     loss at zT trains the decoder (3F); each encoder net runs forward and is trained (3F each).
-    The VAE: one encoder and decoder pass, trained (3F each). Hoffman's method: VCD's chain and
-    decoder loss, its encoder trained by the ELBO at z0 (a decoder pass back-propagated to z0, 2F).
+    The VAE: one encoder and decoder pass, trained (3F each). Hoffman's method costs VCD's: the
+    same chain and decoder loss, its encoder's ELBO at z0 also read from the chain's first evaluation.
     """
     hidden, latent = config.model.hidden_units, config.model.latent_dim
     decoder = mlp_forward_flops([latent, hidden, hidden, NUM_PIXELS])
@@ -64,8 +64,6 @@ def step_flops(config: Config) -> float:
     else:
         evaluations = 1 + config.hmc.num_iterations * config.hmc.num_leapfrog_steps
         per_example = evaluations * 2 * decoder + 3 * decoder + 2 * 3 * encoder_net
-        if config.method == "hoffman":
-            per_example += 2 * decoder
     return float(per_example * config.batch_size)
 
 

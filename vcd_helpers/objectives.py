@@ -58,6 +58,16 @@ def half_standardised_square(z: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor) -> 
     return 0.5 * tf.reduce_sum(tf.square((z - loc) / scale), axis=-1)
 
 
+def pathwise_log_joint(z0: tf.Tensor, log_joint_z0: tf.Tensor, grad_z0: tf.Tensor) -> tf.Tensor:
+    """log p(x, z0) [B] rebuilt from its value and gradient, so that it differentiates through z0
+    [B, D] by the chain rule without another decoder pass: log p(x, z0) + grad_z0 . (z0 - stop(z0)),
+    whose value is log p(x, z0) and whose gradient is grad_z0 . dz0/dtheta. log_joint_z0 [B] and
+    grad_z0 [B, D] are what the HMC chain evaluated at its start (``HMCResult.initial_log_prob``,
+    ``initial_gradient``)."""
+    return (tf.stop_gradient(log_joint_z0)
+            + tf.reduce_sum(tf.stop_gradient(grad_z0) * (z0 - tf.stop_gradient(z0)), axis=-1))
+
+
 def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: tf.Tensor,
                            log_joint_z0: tf.Tensor, grad_z0: tf.Tensor, log_joint_zT: tf.Tensor,
                            baseline: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -70,9 +80,8 @@ def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: 
 
     The pathwise term needs log p(x, z0) and its gradient in z0, which the HMC chain has already
     evaluated at its start (``HMCResult.initial_log_prob``, ``initial_gradient``): by the chain
-    rule, d/dtheta of -log p(x, z0(theta)) is -grad_z0 . dz0/dtheta, so the term is written as
-    -(log p(x, z0) + grad_z0 . (z0 - stop(z0))), whose value is -log p(x, z0) and whose gradient
-    is exactly that. No second decoder pass at z0 is needed.
+    rule, d/dtheta of -log p(x, z0(theta)) is -grad_z0 . dz0/dtheta, which
+    ``pathwise_log_joint`` gives without a second decoder pass at z0.
 
     Args:
       loc, scale: the encoder's outputs [B, D], differentiable.
@@ -85,8 +94,7 @@ def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: 
     g = tf.stop_gradient(log_joint_zT) + half_standardised_square(zT, loc, scale)
     log_q0 = posterior_distribution(loc, scale).log_prob(tf.stop_gradient(z0))
     score = tf.stop_gradient(g - baseline) * log_q0
-    pathwise = -(tf.stop_gradient(log_joint_z0)
-                 + tf.reduce_sum(tf.stop_gradient(grad_z0) * (z0 - tf.stop_gradient(z0)), axis=-1))
+    pathwise = -pathwise_log_joint(z0, log_joint_z0, grad_z0)
     return tf.reduce_sum(pathwise + g + score), tf.stop_gradient(g)
 
 
@@ -117,25 +125,26 @@ def vcd_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Ten
     return encoder_loss, -tf.reduce_sum(log_likelihood_zT), g
 
 
-def hoffman_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, noise: tf.Tensor,
+def hoffman_surrogate_losses(model: VAE, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor,
                              chain: HMCResult, precision: str = "float32") -> tuple[tf.Tensor, tf.Tensor]:
     """Hoffman (2017)'s two losses of a batch, each summed over it. The decoder learns as in VCD,
     from the end zT of the HMC chain run from the encoder's draw z0; the encoder learns as in the
     plain VAE, by the ELBO at z0:
 
-        encoder_loss = -sum_n [ log p(x, z0) - log q0(z0 | x) ]    z0 = loc + scale * noise
+        encoder_loss = -sum_n [ log p(x, z0) - log q0(z0 | x) ]    through z0, loc and scale
         decoder_loss = -sum_n log p(x | zT)
 
     Args:
-      x [B, 784]; loc, scale [B, D], differentiable; noise [B, D], the draw that made z0, the
-        chain's start.
-      chain: the HMC chain run from z0 on log p(x, .).
-      precision: the networks' multiplies (``model.matmul``).
+      x [B, 784]; loc, scale [B, D] and z0 = loc + scale * eps [B, D], differentiable.
+      chain: the HMC chain run from z0 on log p(x, .); its first evaluation gives log p(x, z0) and
+        its gradient at z0 (``pathwise_log_joint``: no decoder pass at z0).
+      precision: the decoder's multiplies (``model.matmul``).
     Returns (encoder_loss, decoder_loss). Take the encoder loss's gradient with respect to the
-    encoder's variables only (the ELBO's gradient in the decoder is not used) and the decoder
-    loss's with respect to the decoder's. No score function, so no control variate.
+    encoder's variables only and the decoder loss's with respect to the decoder's. No score
+    function, so no control variate.
     """
-    encoder_loss = -tf.reduce_sum(reparameterised_elbo(lambda z: model.log_joint(x, z, precision), loc, scale, noise))
+    log_joint_z0 = pathwise_log_joint(z0, chain.initial_log_prob, chain.initial_gradient)
+    encoder_loss = -tf.reduce_sum(log_joint_z0 - posterior_distribution(loc, scale).log_prob(z0))
     zT = tf.stop_gradient(chain.final_state)
     return encoder_loss, -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT, precision)))
 

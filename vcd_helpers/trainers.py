@@ -22,13 +22,13 @@ from vcd_helpers.distributed import ReplicatedVCDTrainer, strategy_for
 from vcd_helpers.model import VAE
 from vcd_helpers.pipeline import PipelinedVCDTrainer
 from vcd_helpers.results import read_final_weights, require_config
-from vcd_helpers.training import HoffmanTrainer, VAETrainer, VCDTrainer
+from vcd_helpers.training import ChainTrainer, HoffmanTrainer, VAETrainer, VCDTrainer
 
 _TRAINERS = {("vae", "plain"): VAETrainer, ("vcd", "plain"): VCDTrainer, ("hoffman", "plain"): HoffmanTrainer,
              ("vcd", "pipelined"): PipelinedVCDTrainer, ("vcd", "replicated"): ReplicatedVCDTrainer}
 
 
-def build_trainer(config: Config) -> VAETrainer | VCDTrainer:
+def build_trainer(config: Config) -> VAETrainer | ChainTrainer:
     """A trainer of ``config`` on a freshly initialised model (seeded by ``config.seed``), run as
     ``config.execution`` says. Every trainer gets its model the same way: made here, under the
     strategy's scope when replicated, its networks on their stages' devices when pipelined."""
@@ -41,7 +41,7 @@ def build_trainer(config: Config) -> VAETrainer | VCDTrainer:
     return _TRAINERS[config.method, execution.kind](model, config)
 
 
-def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None = None) -> VAETrainer | VCDTrainer:
+def restore_trainer(results_dir: str | os.PathLike, *, jit_compile: bool | None = None) -> VAETrainer | ChainTrainer:
     """A trainer (``build_trainer``) at a finished run's final state, to measure the estimator
     there: the model and, for VCD, the chain's adapted step size and the control variate as the
     next step would read them (``checkpoint_objects``); ``step`` is the run's last.

@@ -95,21 +95,23 @@ class VAETrainer(tf.Module):
         return {"model": self.model}
 
 
-class VCDTrainer(tf.Module):
-    """VCD: encoder sample z0, an HMC chain to zT, both surrogate losses, group-wise updates.
+class ChainTrainer(tf.Module):
+    """What VCD and Hoffman's method share: an encoder draw z0, an HMC chain from it to zT (off the
+    gradient tape), two losses, one gradient per parameter group.
 
-    State that persists across steps: the optimisers' slots, the control variate, the adapted
-    HMC step size and the step counter.
+    A subclass names its ``method`` (its seed stream) and gives ``surrogate_losses``. State that
+    persists across steps: the optimisers' slots, the adapted HMC step size and the step counter.
     """
 
-    metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size", "control_variate")
+    method: str
+    metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size")
 
     def __init__(self, model: VAE, config: Config):
         """``config.execution`` sets XLA (``jit_compile``), ``steps_per_call`` and the blocks of rows
         the HMC chain's target is evaluated in (``chain_blocks``, ``hmc.sharded_target``), so that
         XLA keeps that many threads busy. They change the speed, not the maths (up to float
         round-off), and are no part of the trainer's state."""
-        super().__init__(name="vcd_trainer")
+        super().__init__(name=f"{self.method}_trainer")
         execution = config.execution
         self.model = model
         self.config = config
@@ -118,14 +120,13 @@ class VCDTrainer(tf.Module):
         self.chain_shards = chain_blocks(execution)
         slot_device = execution.pipeline.slot_device if execution.pipeline else None
         self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)
-        self.control_variate = ControlVariate(config.control_variate, config.train_examples)
         self.step_size = tf.Variable(config.hmc.initial_step_size, trainable=False, name="hmc_step_size")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.seed = training_seed(config.seed, "vcd")
+        self.seed = training_seed(config.seed, self.method)
         self.train_step = tf.function(self._train_step, jit_compile=self.jit_compile)
 
     def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
-        return {"model": self.model, "step_size": self.step_size, "control_variate": self.control_variate}
+        return {"model": self.model, "step_size": self.step_size}
 
     def run_chain(self, x: tf.Tensor, z0: tf.Tensor, step_size: tf.Tensor, seed: tf.Tensor) -> HMCResult:
         """The step's HMC chain on log p(x, .) from z0 [B, D], x [B, 784], with the config's settings
@@ -135,29 +136,58 @@ class VCDTrainer(tf.Module):
         return hmc_chain(sharded_target(log_joint, x, self.chain_shards), z0, step_size,
                          num_iterations=hmc.num_iterations, seed=seed, **hmc.kernel_arguments())
 
-    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
-        """One draw of the VCD gradient estimator, without changing any state.
+    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor | None, seed: tf.Tensor) -> VCDEstimate:
+        """One draw of the method's gradient estimator, without changing any state.
 
-        x [B, 784]; baseline [B], the control variate b; seed [2]. The chain starts from the
-        persistent ``step_size``. Chapter 4 calls this many times at fixed parameters to measure
-        the estimator's variance; gradient accumulation calls it once per micro-batch. The networks
-        multiply in ``config.precision``.
+        x [B, 784]; baseline [B], VCD's control variate b (None for Hoffman's method); seed [2].
+        The chain starts from the persistent ``step_size``. Chapter 4 calls this many times at
+        fixed parameters to measure the estimator's variance; gradient accumulation calls it once
+        per micro-batch. The networks multiply in ``config.precision``.
         """
         groups = self.model.parameter_groups()
         noise_seed, chain_seed = tf.unstack(split_seed(seed, 2))
-        precision = self.config.precision
         with tf.GradientTape(persistent=True) as tape:
-            loc, scale = self.model.encoder(x, precision)
+            loc, scale = self.model.encoder(x, self.config.precision)
             z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
             with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
                 chain = self.run_chain(x, z0, self.step_size, chain_seed)
-            encoder_loss, decoder_loss, g = vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline,
-                                                                  precision)
+            encoder_loss, decoder_loss, g = self.surrogate_losses(x, loc, scale, z0, chain, baseline)
         encoder_groups = {name: groups[name] for name in ("encoder_mean", "encoder_scale")}
         gradients = tape.gradient(encoder_loss, encoder_groups)
         gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
         del tape
         return VCDEstimate(gradients, encoder_loss, decoder_loss, g, chain.accept_rate, chain.step_size)
+
+    def apply_updates(self, x: tf.Tensor, estimate: VCDEstimate) -> dict[str, tf.Tensor]:
+        """Apply the step's gradients, carry the adapted step size, count the step; returns the
+        per-example metrics the two methods share."""
+        for name, optimizer in self.optimizers.items():
+            optimizer.apply_gradients(estimate.gradients[name], self.step)
+        self.step_size.assign(estimate.step_size)
+        self.step.assign_add(1)
+        batch = tf.cast(tf.shape(x)[0], estimate.encoder_loss.dtype)
+        return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
+                "accept_rate": estimate.accept_rate, "step_size": estimate.step_size}
+
+
+class VCDTrainer(ChainTrainer):
+    """VCD: encoder sample z0, an HMC chain to zT, both surrogate losses, group-wise updates, and
+    a control variate carried from step to step (``ControlVariate``)."""
+
+    method = "vcd"
+    metric_names = (*ChainTrainer.metric_names, "control_variate")
+
+    def __init__(self, model: VAE, config: Config):
+        super().__init__(model, config)
+        self.control_variate = ControlVariate(config.control_variate, config.train_examples)
+
+    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
+        return {**super().checkpoint_objects(), "control_variate": self.control_variate}
+
+    def surrogate_losses(self, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, chain: HMCResult,
+                         baseline: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``objectives.vcd_surrogate_losses``: (encoder_loss, decoder_loss, g(zT) [B])."""
+        return vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline, self.config.precision)
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """The step's gradient estimate on the batch (x [B, 784], baseline [B]).
@@ -181,64 +211,32 @@ class VCDTrainer(tf.Module):
     def apply_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor,
                        estimate: VCDEstimate) -> dict[str, tf.Tensor]:
         """Update every piece of state from the step's estimate; returns the per-example metrics."""
-        for name, optimizer in self.optimizers.items():
-            optimizer.apply_gradients(estimate.gradients[name], self.step)
         self.control_variate.update(index, estimate.g, self.step)
-        self.step_size.assign(estimate.step_size)
-        self.step.assign_add(1)
-        batch = tf.cast(tf.shape(x)[0], estimate.encoder_loss.dtype)
-        return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
-                "accept_rate": estimate.accept_rate, "step_size": estimate.step_size,
-                "control_variate": tf.reduce_mean(baseline)}
+        return {**self.apply_updates(x, estimate), "control_variate": tf.reduce_mean(baseline)}
 
 
-class HoffmanTrainer(VCDTrainer):
+class HoffmanTrainer(ChainTrainer):
     """Hoffman (2017): VCD's chain and decoder update, the VAE's encoder update.
 
     The step draws z0 from the encoder and runs the same HMC chain from it (same settings, same
     adapted step size, carried from step to step); the decoder learns from the chain's end zT, as
     in VCD, and the encoder by the ELBO at z0, as in the plain VAE (``hoffman_surrogate_losses``).
     Beside VCD it isolates what VCD's encoder objective adds to "refine the encoder's draw with
-    HMC". Its state is VCD's without the control variate; it is trained plain (one device).
+    HMC". No score function, so no control variate; it is trained plain (one device).
     """
 
-    metric_names = ("encoder_loss", "decoder_loss", "accept_rate", "step_size")
+    method = "hoffman"
 
-    def __init__(self, model: VAE, config: Config):
-        super().__init__(model, config)
-        self.seed = training_seed(config.seed, "hoffman")
-
-    def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
-        return {"model": self.model, "step_size": self.step_size}
-
-    def estimate_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
-        """One draw of the method's gradients, without changing any state: x [B, 784]; baseline
-        unused (no score function); seed [2], split as VCD's. g is None."""
+    def surrogate_losses(self, x: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, chain: HMCResult,
+                         baseline: None) -> tuple[tf.Tensor, tf.Tensor, None]:
+        """``objectives.hoffman_surrogate_losses``: (encoder_loss, decoder_loss, None)."""
         del baseline
-        groups = self.model.parameter_groups()
-        noise_seed, chain_seed = tf.unstack(split_seed(seed, 2))
-        precision = self.config.precision
-        with tf.GradientTape(persistent=True) as tape:
-            loc, scale = self.model.encoder(x, precision)
-            noise = tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
-            with tape.stop_recording():  # the chain is not differentiated: keep it off the tape
-                chain = self.run_chain(x, loc + scale * noise, self.step_size, chain_seed)
-            encoder_loss, decoder_loss = hoffman_surrogate_losses(self.model, x, loc, scale, noise, chain, precision)
-        gradients = tape.gradient(encoder_loss, {name: groups[name] for name in ("encoder_mean", "encoder_scale")})
-        gradients["decoder"] = tape.gradient(decoder_loss, groups["decoder"])
-        del tape
-        return VCDEstimate(gradients, encoder_loss, decoder_loss, None, chain.accept_rate, chain.step_size)
+        return (*hoffman_surrogate_losses(self.model, x, loc, scale, z0, chain, self.config.precision), None)
 
-    def apply_estimate(self, index: tf.Tensor, x: tf.Tensor, baseline: tf.Tensor,
-                       estimate: VCDEstimate) -> dict[str, tf.Tensor]:
-        """Update the weights, the step size and the step (no control variate); the per-example metrics."""
-        for name, optimizer in self.optimizers.items():
-            optimizer.apply_gradients(estimate.gradients[name], self.step)
-        self.step_size.assign(estimate.step_size)
-        self.step.assign_add(1)
-        batch = tf.cast(tf.shape(x)[0], estimate.encoder_loss.dtype)
-        return {"encoder_loss": estimate.encoder_loss / batch, "decoder_loss": estimate.decoder_loss / batch,
-                "accept_rate": estimate.accept_rate, "step_size": estimate.step_size}
+    def _train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        """index [B] int32 (unused: no per-row state), x [B, 784] -> per-example metrics."""
+        del index
+        return self.apply_updates(x, self.estimate_gradients(x, None, fold_in(self.seed, self.step)))
 
 
 def accumulate_gradients(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,
