@@ -77,7 +77,7 @@ def test_the_browser_check_finds_a_table_printed_as_text(tmp_path):
 
 def test_every_committed_run_a_notebook_names_is_in_results():
     """A chapter that names a run (vae_e800_s0, vcd_scheduled_e100_s1, ...) reads results/NAME: that run
-    must be committed and finished, or be a run of the plan that the chapter waits for (chapter 7 says
+    must be committed and finished, or be a run of the plan that the chapter waits for (chapter 8 says
     which have not finished). The reproducibility appendix lists which chapter reads which run from
     the same scan."""
     import re

@@ -238,7 +238,7 @@ def test_a_run_whose_trainer_cannot_be_built_leaves_no_directory(batch, tmp_path
 
 # The training command with two workers over loopback (MultiWorkerMirroredStrategy, all-reducing over
 # gRPC on 127.0.0.1; bit-equal metrics on both workers prove the reduction ran) is tested where
-# chapter 6 runs it: its cells launch the two processes and assert exactly that under nbval.
+# chapter 7 runs it: its cells launch the two processes and assert exactly that under nbval.
 
 
 # Emulated stages: the real schedules with stand-in tasks of known duration.

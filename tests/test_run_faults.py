@@ -644,7 +644,7 @@ def read_run(tmp_path_factory, curved) -> Path:
 
 
 def _read_everything(run: Path) -> float:
-    """What chapter 7 and the appendix read of a finished run; its test log-likelihood."""
+    """What chapter 8 and the appendix read of a finished run; its test log-likelihood."""
     from vcd_helpers import analysis
 
     finished_run = analysis.load_run(run)

@@ -1,12 +1,12 @@
 """Drive a real JupyterLab in headless Chromium and check that each chapter's widget redraws.
 
-    .venv/bin/python tools/check_widget.py [--notebook notebooks/05_training_loops.ipynb]
+    .venv/bin/python tools/check_widget.py [--notebook notebooks/06_training_loops.ipynb]
 
-For each chapter with a widget (chapters 2 and 5, or the one given), starts a JupyterLab server
+For each chapter with a widget (chapters 2 and 6, or the one given), starts a JupyterLab server
 on a free local port (test run profile, so the chapter runs in seconds) on a temporary copy of
 the chapter, runs all its cells, moves the first slider of the first widget with the keyboard
-(HMC iterations in chapter 2, the batch size in chapter 5) and waits for what the widget shows
-(chapter 2's figure, chapter 5's timing line) to change. The copy is removed afterwards. Exit
+(HMC iterations in chapter 2, the batch size in chapter 6) and waits for what the widget shows
+(chapter 2's figure, chapter 6's timing line) to change. The copy is removed afterwards. Exit
 status 0 when every widget redrew. Slower than the test run (minutes), so not part of it.
 """
 
@@ -41,7 +41,7 @@ def _wait_for_server(url: str, timeout: float = 120) -> None:
     raise TimeoutError(f"JupyterLab did not answer at {url} within {timeout:.0f} s")
 
 
-WIDGET_CHAPTERS = ("notebooks/02_hamiltonian_monte_carlo.ipynb", "notebooks/05_training_loops.ipynb")
+WIDGET_CHAPTERS = ("notebooks/02_hamiltonian_monte_carlo.ipynb", "notebooks/06_training_loops.ipynb")
 
 
 def _widget_view(page) -> str | None:

@@ -14,7 +14,7 @@ measured is the step's own. Nothing it measures changes the training.
 Writes results/g_terms/NAME.csv, one row per measurement: the step, quantiles over the batch of
 log p(x, zT), of the quadratic term 1/2 sum_d ((zT_d - mu_d) / sigma_d)^2, of |g - b| and of b,
 and the share of the encoder's scales within twice their floor (model.min_scale); and
-NAME.json: the comparison with the run's rows, the command, code commit and CPU. Chapter 7 reads
+NAME.json: the comparison with the run's rows, the command, code commit and CPU. Chapter 8 reads
 these files; the book's reproducibility appendix lists them.
 """
 

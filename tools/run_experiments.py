@@ -1,4 +1,4 @@
-"""Start, resume or inspect chapter 7's long runs: see ``vcd_helpers.runs.runner`` (and the README).
+"""Start, resume or inspect chapter 8's long runs: see ``vcd_helpers.runs.runner`` (and the README).
 
     .venv/bin/python tools/run_experiments.py             # start, or resume, every unfinished run
     .venv/bin/python tools/run_experiments.py --status    # each run's progress, speed, expected finish

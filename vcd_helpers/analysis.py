@@ -1,6 +1,6 @@
-"""Reading finished runs and comparing them: the numbers chapter 7 reports.
+"""Reading finished runs and comparing them: the numbers chapter 8 reports.
 
-A run is a results directory of the training command (chapter 7 reads the committed copies in
+A run is a results directory of the training command (chapter 8 reads the committed copies in
 ``results/NAME``). Two kinds of comparison:
 
 - *paired*, on the same test images: the per-image difference of two runs' estimates, its mean

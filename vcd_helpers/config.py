@@ -666,7 +666,7 @@ class RunProfile:
     ``train_steps``: optimiser steps of a chapter's training run; ``eval_examples``,
     ``eval_samples``, ``eval_burn_in``, ``eval_kept``: the importance-sampled evaluation;
     ``hmc_examples``: test digits in the HMC demonstrations; ``gradient_draws``: independent
-    draws of the gradient estimator when chapter 4 measures its variance. What the timing
+    draws of the gradient estimator when chapter 5 measures its variance. What the timing
     chapters (4 to 6) measure: ``timed_preset``, the preset of the step they time (the paper's, or
     a small one whose compilations take seconds); ``timed_calls``, timed calls behind each median;
     ``timed_steps``, the length of their timed loops; ``batch_sizes``, the batch sizes they sweep.

@@ -140,7 +140,7 @@ class ChainTrainer(tf.Module):
         """One draw of the method's gradient estimator, without changing any state.
 
         x [B, 784]; baseline [B], VCD's control variate b (None for Hoffman's method); seed [2].
-        The chain starts from the persistent ``step_size``. Chapter 4 calls this many times at
+        The chain starts from the persistent ``step_size``. Chapter 5 calls this many times at
         fixed parameters to measure the estimator's variance; gradient accumulation calls it once
         per micro-batch. The networks multiply in ``config.precision``.
         """

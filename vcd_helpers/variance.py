@@ -1,5 +1,5 @@
-"""VCD's gradient estimator at fixed parameters: its variance (chapter 4's measure of a control
-variate) and the terms of the g its score-function term weighs (chapter 7's local baselines)."""
+"""VCD's gradient estimator at fixed parameters: its variance (chapter 5's measure of a control
+variate) and the terms of the g its score-function term weighs (chapter 8's local baselines)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The plan of the long runs behind chapter 7, in priority order.
+"""The plan of the long runs behind chapter 8, in priority order.
 
 Each ``PlannedRun`` is one training command (``python -m vcd_helpers train`` with its options) into a
-results directory of its name; ``runner`` runs the plan and chapter 7 reports
+results directory of its name; ``runner`` runs the plan and chapter 8 reports
 it, including which runs have not finished.
 """
 

@@ -1,4 +1,4 @@
-"""The long runs behind chapter 7: the whole plan, run in priority order, resumed after any stop.
+"""The long runs behind chapter 8: the whole plan, run in priority order, resumed after any stop.
 
     .venv/bin/python tools/run_experiments.py             # start, or resume, every unfinished run
     .venv/bin/python tools/run_experiments.py --status    # each run's progress, speed, expected finish

@@ -159,7 +159,7 @@ def _finish(config: Config, run: RunDirectory, trainer: Trainer, train_seconds: 
     """Save the final model (and local baseline), evaluate it, and write results.json."""
     tf.train.Checkpoint(**trainer.checkpoint_objects()).write(str(run.model_prefix))
     control_variate = trainer.checkpoint_objects().get("control_variate")
-    # One value per training image: how stale each one is, in chapter 7.
+    # One value per training image: how stale each one is, in chapter 8.
     if control_variate is not None and control_variate.local_values is not None:
         write_atomic(run.path / LOCAL_BASELINE_FILE, npy_bytes(control_variate.local_values.numpy()))
 
