@@ -120,6 +120,15 @@ def test_the_learning_curve_falls_on_whole_logging_windows():
         load_config("default", curve_every_epochs=0)
 
 
+@pytest.mark.parametrize("log_every, given, expected", [
+    (100, None, 10), (50, None, 10), (10, None, 10), (4, None, 2), (5, None, 5), (3, None, 1), (100, 4, 4)])
+def test_steps_per_call_is_the_given_one_else_up_to_10_dividing_the_logging_interval(log_every, given, expected):
+    # One decision for every trainer, the training command's and the chapters' alike.
+    cfg = load_config("default", log_every_steps=log_every, checkpoint_every_steps=100 * log_every,
+                      execution={"steps_per_call": given})
+    assert cfg.steps_per_call == expected and cfg.execution.steps_per_call == given
+
+
 def test_profile_validation_names_the_bad_value():
     book = config.get_profile("book")
     with pytest.raises(ValueError, match="profile.timed_calls"):

@@ -96,7 +96,7 @@ def test_pipeline_must_see_the_configured_batch_on_existing_devices(batch):
 def test_one_factory_builds_every_execution_and_says_what_xla_compiles(batch):
     config, _, _ = batch
     plain = build_trainer(config)
-    assert type(plain).__name__ == "VCDTrainer" and plain.jit_compile and plain.steps_per_call == 1
+    assert type(plain).__name__ == "VCDTrainer" and plain.jit_compile and plain.steps_per_call == config.steps_per_call
     vae = build_trainer(config.replace(method="vae", execution={"jit_compile": False}))
     assert type(vae).__name__ == "VAETrainer" and not vae.jit_compile
     piped = build_trainer(config.replace(execution={

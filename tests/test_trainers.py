@@ -341,15 +341,20 @@ def test_the_trainers_take_model_and_config_and_read_the_execution_from_the_conf
         VCDTrainer(model, vcd, False)
 
 
-def test_fit_runs_a_plain_trainer_one_python_batch_per_call():
-    # A plain trainer's steps_per_call is 1: fit then takes one (index, x) from any Python iterator per step
-    # (k > 1 would need a tf.data iterator).
+def test_fit_takes_python_batches_one_per_call_and_refuses_them_for_more():
+    # One step per call takes one (index, x) from any Python iterator per step. The in-graph loop of
+    # k > 1 would read a Python iterator once, at tracing, and train every step on that batch.
     from vcd_helpers.loops import fit
 
-    trainer = build_trainer(load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2}, execution={"jit_compile": False}))
+    config = load_config("tiny", method="vae", model={"hidden_units": 8, "latent_dim": 2}, execution={"jit_compile": False})
+    trainer = build_trainer(config)
     batches = iter([(INDEX, _batch(seed=s)) for s in range(3)])
-    history = fit(trainer, batches, 3, progress=False)
+    history = fit(trainer, batches, 3, steps_per_call=1, progress=False)
     assert next(batches, None) is None and int(trainer.step) == 3 and len(history["loss"]) == 3
+    assert trainer.steps_per_call == config.steps_per_call == 10
+    with pytest.raises(TypeError, match="steps_per_call=10 takes its batches inside the compiled loop: give a tf.data"):
+        fit(trainer, [(INDEX, _batch(seed=s)) for s in range(3)], 3, progress=False)
+    assert int(trainer.step) == 3
 
 
 def test_accumulate_gradients_takes_the_micro_batch_size_by_name_only():

@@ -25,7 +25,7 @@ def _batches():
 
 @pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_k_steps_per_call_equal_k_calls_of_one_step(jit_compile):
-    one = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, progress=False)
+    one = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, steps_per_call=1, progress=False)
     looped = fit(build_trainer(CONFIG.replace(execution={"jit_compile": jit_compile})), _batches(), 23, steps_per_call=10, progress=False)
     np.testing.assert_array_equal(one["step"], np.arange(1, 24))
     for name in one:

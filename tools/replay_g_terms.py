@@ -45,7 +45,6 @@ from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
 from vcd_helpers.runs.cli import _positive_int, config_from_options
 from vcd_helpers.runs.logs import window_means
 from vcd_helpers.runs.plan import PLAN
-from vcd_helpers.runs.train import default_steps_per_call
 from vcd_helpers.seeds import fold_in
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.variance import g_terms
@@ -108,8 +107,8 @@ def replay(config: Config, steps: int, every: int, committed: Path | None = None
             record(step)
 
     record(0)
-    fit(trainer, indexed_batches(images, config.batch_size, config.seed), steps,
-        steps_per_call=default_steps_per_call(config), progress=False, on_step=on_step)
+    fit(trainer, indexed_batches(images, config.batch_size, config.seed), steps, progress=False,
+        on_step=on_step)
     return out, comparison
 
 

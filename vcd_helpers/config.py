@@ -285,8 +285,7 @@ class ExecutionConfig:
       (pipelined) or nothing (replicated, whose step is a plain ``tf.function``); None: whatever
       it allows. chain_shards (plain VCD only): blocks of rows of the HMC chain's target,
       evaluated concurrently; None: one per compute thread. steps_per_call: optimiser steps per
-      host call of the in-graph loop (None: ``loops.fit`` runs one, the training command
-      ``runs.train.default_steps_per_call``).
+      host call of the in-graph loop (None: ``Config.steps_per_call`` decides).
     devices and steps_per_call (``SPEED_ONLY``), and the pipeline's placement, change the
     speed and not a bit of the numbers (tests/test_speed_only.py trains with each and compares
     every weight): ``Config.identity`` leaves them out, so a run may resume with others.
@@ -483,6 +482,14 @@ class Config:
             return None
         windows = round(self.curve_every_epochs * self.steps_per_epoch / self.log_every_steps)
         return max(1, windows) * self.log_every_steps
+
+    @property
+    def steps_per_call(self) -> int:
+        """Steps per host call of the in-graph loop, wherever a trainer runs: ``execution.steps_per_call``
+        when given, else up to 10 dividing ``log_every_steps`` (so that every log row and checkpoint
+        falls at the end of a call). Speed only: any value trains the same bits."""
+        given = self.execution.steps_per_call
+        return math.gcd(self.log_every_steps, 10) if given is None else given
 
     @property
     def lr_decay_steps(self) -> int:

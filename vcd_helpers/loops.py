@@ -101,13 +101,14 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
 
     ``steps_per_call`` = 1 calls the compiled step once per batch from Python; k > 1 runs k steps
     per call with ``make_training_loop`` (``batches`` must then be a ``tf.data.Dataset`` or its
-    iterator); None takes the trainer's (``config.execution.steps_per_call``, else 1).
+    iterator); None takes the trainer's (``Config.steps_per_call``).
     ``on_step(step, metrics)`` is called for every finite step, after the call that ran it (the
     training command logs and checkpoints there, so its boundaries must be multiples of
     ``steps_per_call``). Without ``on_step``, returns each metric as a [num_steps] numpy array,
     plus 'step' and 'wall_time' (a ``History``); with it, the caller keeps what it needs and fit
     returns {} (the training command's 400,000 steps would otherwise pile up in memory).
-    Raises FloatingPointError on a non-finite metric, before ``on_step`` sees that step.
+    Raises FloatingPointError on a non-finite metric, before ``on_step`` sees that step, and
+    TypeError for k > 1 steps per call from batches that are not a ``tf.data`` dataset.
     """
     steps_per_call = trainer.steps_per_call if steps_per_call is None else steps_per_call
     check_positive_int("steps_per_call", steps_per_call)
@@ -115,6 +116,12 @@ def fit(trainer: Trainer, batches: Iterable, num_steps: int, *, steps_per_call: 
     on_step = history if history is not None else on_step
     iterator = iter(batches)
     loop = make_training_loop(trainer) if steps_per_call > 1 else None
+    if loop is not None and not isinstance(iterator, tf.data.Iterator):
+        # The traced loop would call next() on a Python iterator once, at tracing, and train
+        # every step of every call on that one batch.
+        raise TypeError(f"steps_per_call={steps_per_call} takes its batches inside the compiled loop: give a "
+                        f"tf.data.Dataset (e.g. data.indexed_batches), not a {type(batches).__name__}, or "
+                        "steps_per_call=1")
     bar = tqdm(total=num_steps, desc=description, disable=not progress, mininterval=0.5, unit="step")
     done = 0
     try:

@@ -27,7 +27,7 @@ class Trainer(Protocol):
     step: tf.Variable
     metric_names: tuple[str, ...]
     jit_compile: bool  # whether XLA compiles the step (pipelined: its HMC chain)
-    steps_per_call: int  # steps ``fit`` runs per host call unless told otherwise
+    steps_per_call: int  # steps ``fit`` runs per host call unless told otherwise (``Config.steps_per_call``)
     chain_shards: int | None  # blocks of the HMC chain's rows (None: no chain)
 
     def train_step(self, index: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]: ...
@@ -67,12 +67,12 @@ class VAETrainer(tf.Module):
     chain_shards = None
 
     def __init__(self, model: VAE, config: Config):
-        """``config.execution`` sets XLA (``jit_compile``) and ``steps_per_call``."""
+        """``config`` sets XLA (``execution.jit_compile``) and ``steps_per_call``."""
         super().__init__(name="vae_trainer")
         self.model = model
         self.config = config
         self.jit_compile = config.execution.xla
-        self.steps_per_call = config.execution.steps_per_call or 1
+        self.steps_per_call = config.steps_per_call
         self.optimizers = make_optimizers(model.parameter_groups(), config)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed = training_seed(config.seed, "vae")
@@ -116,7 +116,7 @@ class ChainTrainer(tf.Module):
         self.model = model
         self.config = config
         self.jit_compile = execution.xla
-        self.steps_per_call = execution.steps_per_call or 1
+        self.steps_per_call = config.steps_per_call
         self.chain_shards = chain_blocks(execution)
         slot_device = execution.pipeline.slot_device if execution.pipeline else None
         self.optimizers = make_optimizers(model.parameter_groups(), config, slot_device=slot_device)

@@ -51,26 +51,18 @@ COIN_FLIP_LOG_LIKELIHOOD = 784 * math.log(0.5)
 #: untrained model starts near 600), has diverged even if nothing became NaN.
 DIVERGED_FACTOR = 10
 
-def default_steps_per_call(config: Config) -> int:
-    """Steps per host call of the training command: up to 10, dividing the logging interval so
-    that every log row and checkpoint falls at the end of a call."""
-    return math.gcd(config.log_every_steps, 10)
-
-
 def train_run(config: Config, results_dir: str | os.PathLike, *, command: str = "",
               progress: bool = True) -> dict[str, Any]:
     """Train ``config`` into ``results_dir``, resuming from its last checkpoint if it has one.
 
-    The trainer is ``trainers.build_trainer(config)``, run ``config.execution.steps_per_call``
-    steps per host call by the in-graph loop (unset: ``default_steps_per_call``).
+    The trainer is ``trainers.build_trainer(config)``, run ``config.steps_per_call`` steps per
+    host call by the in-graph loop.
 
     Returns the contents of results.json. A run that already finished returns its results
     without training again. Raises RunDirectoryError for a directory holding another run, and
     FloatingPointError (naming the metric and step) when a loss becomes NaN or Inf; the last
     good checkpoint is left in place.
     """
-    if config.execution.steps_per_call is None:
-        config = config.replace(execution={"steps_per_call": default_steps_per_call(config)})
     trainer = build_trainer(config)  # first: what it refuses (e.g. a missing device) leaves no directory
     run = RunDirectory(Path(results_dir))
     if finished_results(run.path) is None:  # a finished run returns its results: it needs no data
