@@ -202,6 +202,21 @@ def test_sigterm_stops_evaluate_with_a_word(place, monkeypatch, capsys):
     assert code == 130 and capsys.readouterr().err.strip() == "interrupted"
 
 
+def test_evaluate_passes_only_the_options_given(place, monkeypatch, capsys):
+    # An option left out keeps the run's setting; passed as None it would set None (the whole split).
+    from vcd_helpers.runs import evaluate as run_evaluation
+
+    calls = []
+    monkeypatch.setattr(run_evaluation, "evaluate_run", lambda results, **overrides: calls.append(overrides) or {})
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert main(["evaluate", str(place["finished"]), "--samples", "7"]) == 0
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    assert calls == [{"num_samples": 7}]
+
+
 def test_the_runner_names_why_it_refuses_a_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "RESULTS", tmp_path / "results")
     run = runner.PLAN[0]

@@ -81,12 +81,33 @@ def test_unknown_keys_are_rejected_in_json_and_overrides(tmp_path):
 
 
 def test_json_file_round_trip_and_overrides(tmp_path):
-    c = load_config("global_cv", batch_size=16, hmc={"num_iterations": 4}, seed=None)
+    c = load_config("global_cv", batch_size=16, hmc={"num_iterations": 4})
     assert (c.batch_size, c.hmc.num_iterations, c.hmc.num_leapfrog_steps, c.seed) == (16, 4, 5, 0)
     path = tmp_path / "run.json"
     path.write_text(c.to_json())
     assert load_config(path) == c
     assert Config.from_dict(json.loads(c.to_json())) == c
+
+
+#: Every path that applies overrides: the preset's loader, a Config's copy and the plain values' merge.
+OVERRIDE_PATHS = {
+    "load_config": lambda **o: load_config("tiny", **o),
+    "Config.replace": lambda **o: load_config("tiny").replace(**o),
+    "merge_values": lambda **o: Config.from_dict(config.merge_values(config.preset_values("tiny"), o)),
+}
+
+
+@pytest.mark.parametrize("path", OVERRIDE_PATHS)
+def test_none_in_overrides_sets_none_on_every_path(path):
+    apply = OVERRIDE_PATHS[path]
+    # tiny evaluates 20 images; None is the whole split, not "keep the preset's".
+    assert apply(evaluation={"num_examples": None}).evaluation.num_examples is None
+    assert apply(execution={"steps_per_call": 5}).replace(execution={"steps_per_call": None}).steps_per_call == 10
+    assert apply(batch_size=128, optimizer={"learning_rate": None}).optimizer.learning_rate == 9e-4  # the tuned rate
+    with pytest.raises(ValueError, match="seed=None is invalid"):
+        apply(seed=None)
+    with pytest.raises(ValueError, match="unknown configuration key 'evaluation.bogus'"):
+        apply(evaluation={"bogus": 1})
 
 
 def test_config_is_frozen_and_replace_validates():

@@ -114,6 +114,9 @@ def test_evaluate_recomputes_the_log_likelihood_of_the_last_checkpoint(finished_
     assert recomputed["checkpoint_step"] == config.steps
     assert recomputed["mean"] == pytest.approx(results["test_log_likelihood"]["mean"], abs=1e-4)
     assert (run / "evaluation-hmc_moments-S50-N20.json").exists()
+    # The run's evaluation changes by Config.replace's rule, which names an unknown key.
+    with pytest.raises(ValueError, match="unknown configuration key 'evaluation.bogus'"):
+        evaluate_run(run, bogus=1)
     # A finished run is not trained again: the same command returns the stored results.
     assert train_run(config, run, progress=False) == results
 

@@ -12,7 +12,6 @@ A run is a results directory of the training command (chapter 8 reads the commit
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -93,7 +92,7 @@ class FinishedRun:
         record = self.results["test_log_likelihood"]
         if record["proposal"] == proposal:
             return record | {"per_example": self.per_example}
-        path = self.path / evaluation_file_name(dataclasses.replace(self.config.evaluation, proposal=proposal))
+        path = self.path / evaluation_file_name(self.config.replace(evaluation={"proposal": proposal}).evaluation)
         if not path.exists():
             raise FileNotFoundError(f"{path}: run {self.name} has no evaluation with proposal {proposal!r}; "
                                     f"make it with: python -m vcd_helpers evaluate {self.path} --proposal {proposal}")

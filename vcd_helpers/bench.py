@@ -412,7 +412,7 @@ def benchmark_evaluation(config: Config, *, proposal: str = "hmc_moments", num_e
     sample counts). Raises ValueError for a ``num_examples`` that is not a positive multiple of
     the evaluation's batch size (a partial batch would trace a second graph inside the timing) or
     exceeds the test split (its rates would count images that were never evaluated)."""
-    evaluation = dataclasses.replace(config.evaluation, proposal=proposal, num_examples=None)
+    evaluation = config.replace(evaluation={"proposal": proposal, "num_examples": None}).evaluation
     num_examples = evaluation.batch_size if num_examples is None else num_examples
     check_positive_int("num_examples", num_examples)
     if num_examples > SPLIT_SIZES["test"]:

@@ -11,6 +11,14 @@ rate from the tuned table), ``smoke`` (one short epoch) and ``tiny`` (40 steps o
 1,000 images, every piece of a run's state exercised: the tests' and demos' run). ``load_config`` reads a preset by
 name or a JSON file by path and applies overrides.
 
+Overrides follow one rule on every path (``Config.replace``, ``load_config``, ``merge_values``):
+a key replaces its value, a dict merges into its section, a section object replaces the section,
+and ``None`` is a value like any other: it sets the field to None, the field's own "unset" (the
+tuned learning rate, no pipeline, ``Config.steps_per_call``'s default, the whole split). A caller
+whose options may be absent leaves them out (the command line keeps only the options given). A
+section of a Config changes through ``Config.replace`` too (``config.replace(evaluation={...})
+.evaluation``), which checks it against the rest and names an unknown key.
+
 Run profiles size the *notebooks* (how many steps a chapter trains, how many importance samples
 it draws): ``test`` (seconds, used automatically by the test run), ``book`` (minutes per chapter
 on a 2-core CPU) and ``paper``. ``VCD_PROFILE`` picks one; ``active_profile()`` reads it.
@@ -526,8 +534,9 @@ class Config:
         return _build(cls, _upgrade(values), prefix="")
 
     def replace(self, **overrides: Any) -> "Config":
-        """A copy with ``overrides`` merged in; nested sections take dicts (``hmc={...}``, merged
-        into the section) or section objects (``execution=ExecutionConfig(...)``, replacing it)."""
+        """A copy with ``overrides`` merged in by the module's rule (None sets None); nested sections
+        take dicts (``hmc={...}``, merged into the section) or section objects
+        (``execution=ExecutionConfig(...)``, replacing it). Raises ValueError naming a bad key."""
         # A section object gives every key of its section, so merging it replaces the section.
         return Config.from_dict(_merge(self.to_dict(), _plain(overrides), prefix=""))
 
@@ -580,7 +589,7 @@ def _build(kind: type, values: Mapping[str, Any], prefix: str) -> Any:
 
 def merge_values(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` (nested plain values, e.g. ``preset_values``) with ``overrides`` merged in, section
-    by section; a ``None`` override unsets the value. Raises ValueError naming an unknown key."""
+    by section, by the module's rule (None sets None). Raises ValueError naming an unknown key."""
     return _merge(base, _plain(overrides), prefix="")
 
 
@@ -637,27 +646,11 @@ def preset_values(name_or_path: str | os.PathLike = "default") -> dict[str, Any]
 
 def load_config(name_or_path: str | os.PathLike = "default", **overrides: Any) -> Config:
     """Load a preset by name (``default``, ``global_cv``, ``bs_experiment``, ``smoke``, ``tiny``) or a JSON
-    file by path, then apply ``overrides`` (top-level fields; dicts or section objects for sections).
-
-    Overrides whose value is ``None`` are ignored, so command-line options left unset fall
-    through to the preset.
+    file by path, then apply ``overrides`` (top-level fields; dicts or section objects for sections)
+    by the module's rule: ``None`` sets None. Raises ValueError naming a bad or unknown key.
     """
     # The preset may leave batch_size or learning_rate unset (bs_experiment); overrides fill them.
-    # Drop unset options first: a section object's None fields are values (it replaces the section).
-    values = _merge(preset_values(name_or_path), _plain(_drop_none(overrides)), prefix="")
-    return Config.from_dict(values)
-
-
-def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            value = _drop_none(value)
-            if value:
-                out[key] = value
-        elif value is not None:
-            out[key] = value
-    return out
+    return Config.from_dict(merge_values(preset_values(name_or_path), overrides))
 
 
 # --------------------------------------------------------------------------------------------

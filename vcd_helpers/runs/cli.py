@@ -348,8 +348,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         given = {"num_examples": args.examples, "num_temperatures": args.temperatures, "num_chains": args.chains}
         record = evaluate_run_ais(args.results, **{k: v for k, v in given.items() if v is not None})
     else:
-        record = evaluate_run(args.results, proposal=args.proposal, num_samples=args.samples,
-                              num_examples=args.examples)
+        given = {"proposal": args.proposal, "num_samples": args.samples, "num_examples": args.examples}
+        record = evaluate_run(args.results, **{k: v for k, v in given.items() if v is not None})
     print(json.dumps(record, indent=2))
     return 0
 

@@ -81,12 +81,12 @@ def evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) ->
 def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
     """Recompute the log-likelihood of a run's model (``checkpoints.latest_model``) with its configured
     evaluation, changed by ``overrides`` (fields of EvaluationConfig: proposal, num_samples,
-    num_examples, ...). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
+    num_examples, ...; None sets None, as in ``Config.replace``). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
     every image beside it (.npy); returns the record. Holds the directory's lock while it works,
     as training does (``--status`` shows the run evaluating). Raises RunDirectoryError naming the
     holder when another process has the directory."""
     model, config, step = _restore_writable(results_dir)
-    evaluation = dataclasses.replace(config.evaluation, **{k: v for k, v in overrides.items() if v is not None})
+    evaluation = config.replace(evaluation=overrides).evaluation
     with RunDirectory(Path(results_dir)).lock(f"evaluate, proposal {evaluation.proposal}"):
         result, seconds, discard_batches = evaluate_saving_batches(model, evaluation, config, Path(results_dir), step)
         record = _save_evaluation(Path(results_dir) / evaluation_file_name(evaluation),
@@ -111,7 +111,7 @@ def evaluate_run_ais(results_dir: str | os.PathLike, *, num_examples: int = AIS_
     check_positive_int("num_chains", num_chains)
     model, config, step = _restore_writable(results_dir)
     # The importance-sampling evaluation's own check: positive, and no more than the split holds.
-    evaluation = dataclasses.replace(config.evaluation, num_examples=num_examples)
+    evaluation = config.replace(evaluation={"num_examples": num_examples}).evaluation
     images = load_binarized_mnist(evaluation.split)[:evaluation.num_examples]
     with RunDirectory(Path(results_dir)).lock("evaluate --ais"):
         timed = time_calls(lambda: ais_log_likelihood(model, images, config.hmc, num_temperatures=num_temperatures,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import os
 import shutil
@@ -62,9 +61,8 @@ def _missing_evaluations(run: PlannedRun, directory: Path) -> list[str]:
     config = read_config(directory)
     if config is None:
         raise RunDirectoryError(f"{directory} holds no config.json")
-    evaluation = config.evaluation
     return [p for p in run.extra_proposals
-            if not (directory / evaluation_file_name(dataclasses.replace(evaluation, proposal=p))).exists()]
+            if not (directory / evaluation_file_name(config.replace(evaluation={"proposal": p}).evaluation)).exists()]
 
 
 def _is_done(run: PlannedRun, directory: Path) -> bool:
