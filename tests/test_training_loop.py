@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -86,17 +88,30 @@ def test_timing_styles_run(style):
     assert bench.time_training_step(CONFIG, style, steps_per_call=3, calls=1) > 0
 
 
-def test_a_timed_step_is_built_once_and_every_timing_starts_from_the_initial_state():
+def test_a_timed_step_compiles_once_and_every_timing_starts_from_the_initial_state():
     reference = fit(build_trainer(CONFIG.replace(seed=7, execution={"jit_compile": False})),
                     indexed_batches(load_binarized_mnist("train")[:1000], 20, seed=7), 3, progress=False)
+    timed = bench.TimedStep(CONFIG, "loop", seed=7)
     for k in (3, 1, 3):  # one trainer behind all three; none inherits what an earlier timing trained
-        call, _ = bench.step_call(CONFIG, "loop", steps_per_call=k, seed=7)
+        call, _ = timed.call(k)
         metrics = call()
         for name in ("decoder_loss", "encoder_loss"):
             np.testing.assert_array_equal(metrics[name], reference[name][:k])
-    built = bench._compiled_step.cache_info().currsize
-    bench.step_call(CONFIG, "loop", steps_per_call=10, seed=7)
-    assert bench._compiled_step.cache_info().currsize == built
+    assert timed.step.experimental_get_tracing_count() == 1
+    call, _ = bench.step_call(CONFIG, "loop", steps_per_call=3, seed=7)
+    np.testing.assert_array_equal(call()["decoder_loss"], reference["decoder_loss"])
+
+
+def test_a_timed_steps_trainer_lives_as_long_as_its_caller_holds_it(monkeypatch):
+    # No module keeps a compiled step: its trainer (weights, optimiser slots) goes with the call.
+    built = []
+    monkeypatch.setattr(bench, "build_trainer", lambda config: built.append(build_trainer(config)) or built[-1])
+    call, _ = bench.step_call(CONFIG, "function", seed=7)
+    trainer = weakref.ref(built.pop())
+    call()
+    del call
+    gc.collect()
+    assert trainer() is None
 
 
 def test_unknown_style_is_refused():
@@ -159,16 +174,23 @@ def test_the_step_breakdown_adds_up_to_the_step():
         bench.step_breakdown(CONFIG.replace(method="vae"))
 
 
-def test_the_speed_explorer_compiles_each_setting_once(monkeypatch):
+def test_the_speed_explorer_compiles_each_batch_size_once(monkeypatch):
     from vcd_helpers import widgets
 
     built = []
-    # A stand-in step: what is checked is which settings get built (compiled), not the timing.
-    monkeypatch.setattr(widgets, "step_call", lambda config, style, **kw: built.append(config.batch_size)
-                        or (lambda: tf.constant(0.0), 1))
+
+    class Step:  # a stand-in: what is checked is which batch sizes get built (compiled), not the timing
+        def __init__(self, config, style):
+            built.append(config.batch_size)
+
+        def call(self, k):
+            return (lambda: tf.constant(0.0)), k
+
+    monkeypatch.setattr(widgets, "TimedStep", Step)
     monkeypatch.setattr(widgets, "decoder_layer_gflops", lambda config: 10.0)
     explorer = widgets.training_speed_explorer(CONFIG, batch_sizes=(10, 20), steps_per_call=(1, 2), calls=2)
-    batch_slider = explorer.children[0].children[0]
+    batch_slider, per_call_slider = explorer.children[0].children
     for size in (10, 20, 10):  # back to a size already seen: no new compilation
         batch_slider.value = size
+    per_call_slider.value = 2  # another steps per call of a compiled size: none either
     assert built == [20, 10]

@@ -33,7 +33,7 @@ from vcd_helpers.model import VAE
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
 from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
-from vcd_helpers.training import Trainer, chain_blocks
+from vcd_helpers.training import chain_blocks
 from vcd_helpers.loops import make_training_loop
 
 STYLES = ("eager", "function", "loop", "xla", "xla_loop")
@@ -100,39 +100,47 @@ def matmul_gflops(m: int = 1024, k: int = 1024, n: int = 1024, *, repeats: int =
     return flops / time_calls(call, repeats=repeats).median / 1e9
 
 
+class TimedStep:
+    """A trainer of ``config`` built to be timed, with its step in ``style`` (see the module):
+    ``step`` is ``loop(iterator, k)`` for the ``loop`` styles, else ``step(index, x)``. The style
+    sets ``execution.jit_compile``; the rest of the execution section (e.g. ``chain_shards``) is the
+    config's. The caller holds it (nothing else does) and ``call`` gives timed calls of any steps
+    per call from the one compiled step (k is a tensor of the loop), so they never compile again."""
+
+    def __init__(self, config: Config, style: str, seed: int = 0):
+        check_one_of("style", style, STYLES)
+        self.config, self.style, self.seed = config, style, seed
+        self.trainer = build_trainer(config.replace(seed=seed, execution={"jit_compile": style.startswith("xla")}))
+        if style in ("loop", "xla_loop"):
+            self.step = make_training_loop(self.trainer)
+        else:
+            self.step = self.trainer.train_step.python_function if style == "eager" else self.trainer.train_step
+        self.initial_state = [variable.numpy() for variable in self.trainer.variables]
+
+    def call(self, steps_per_call: int = 1) -> tuple[Callable[[], Any], int]:
+        """``(call, k)``: ``call()`` runs k training steps (``steps_per_call`` for the ``loop`` styles,
+        else 1), taking batches from an endless pipeline. Starts from the trainer's initial state and
+        the first batch, so that no timing inherits the weights an earlier one trained (calls alive at
+        once share them)."""
+        k = steps_per_call if self.style in ("loop", "xla_loop") else 1
+        for variable, value in zip(self.trainer.variables, self.initial_state):
+            variable.assign(value)
+        config = self.config
+        iterator = iter(indexed_batches(load_binarized_mnist("train")[: config.train_examples], config.batch_size,
+                                        self.seed))
+        step = self.step
+        if self.style in ("loop", "xla_loop"):
+            steps = tf.constant(k)
+            return (lambda: step(iterator, steps)), k
+        return (lambda: step(*next(iterator))), k
+
+
 def step_call(config: Config, style: str, *, steps_per_call: int = 1,
               seed: int = 0) -> tuple[Callable[[], Any], int]:
     """``(call, k)``: ``call()`` runs k training steps of ``config`` in ``style`` (see the module),
-    taking batches from an endless pipeline. ``steps_per_call`` applies to the ``loop`` styles (the
-    others run one step per call); the style sets ``config.execution.jit_compile``, the rest of the
-    execution section (e.g. ``chain_shards``) is the config's. The trainer and its compiled step are
-    built once per (config, style, seed) in this process (``_compiled_step``), whatever the
-    ``steps_per_call`` (k is a tensor of the loop), so timing the same step again never compiles it
-    again; each ``step_call`` starts it from the trainer's initial state and the first batch, so
-    that no timing inherits the weights an earlier one trained (calls alive at once share them)."""
-    check_one_of("style", style, STYLES)
-    k = steps_per_call if style in ("loop", "xla_loop") else 1
-    trainer, step, initial_state = _compiled_step(config, style, seed)
-    for variable, value in zip(trainer.variables, initial_state):
-        variable.assign(value)
-    iterator = iter(indexed_batches(load_binarized_mnist("train")[: config.train_examples], config.batch_size, seed))
-    if style in ("loop", "xla_loop"):
-        steps = tf.constant(k)
-        return (lambda: step(iterator, steps)), k
-    return (lambda: step(*next(iterator))), k
-
-
-@functools.cache
-def _compiled_step(config: Config, style: str, seed: int) -> tuple[Trainer, Callable[..., Any], list[np.ndarray]]:
-    """The trainer built for these arguments, its step in ``style`` (``loop(iterator, k)`` for the
-    ``loop`` styles, else ``step(index, x)``) and the trainer's initial state; cached, so that each
-    is traced and compiled once per process."""
-    trainer = build_trainer(config.replace(seed=seed, execution={"jit_compile": style.startswith("xla")}))
-    if style in ("loop", "xla_loop"):
-        step = make_training_loop(trainer)
-    else:
-        step = trainer.train_step.python_function if style == "eager" else trainer.train_step
-    return trainer, step, [variable.numpy() for variable in trainer.variables]
+    from a ``TimedStep`` of its own that lives as long as ``call`` does (each ``step_call`` builds
+    and compiles one: hold a ``TimedStep`` to time one step at several steps per call)."""
+    return TimedStep(config, style, seed).call(steps_per_call)
 
 
 def time_training_step(config: Config, style: str, *, steps_per_call: int = 1, calls: int = 5,

@@ -180,6 +180,8 @@ class VCDTrainer(ChainTrainer):
     def __init__(self, model: VAE, config: Config):
         super().__init__(model, config)
         self.control_variate = ControlVariate(config.control_variate, config.train_examples)
+        # Held here as train_step is: chapter 5 draws the estimator again and again on one trainer.
+        self.draw_gradients = tf.function(self._draw_gradients)
 
     def checkpoint_objects(self) -> dict[str, tf.Module | tf.Variable]:
         return {**super().checkpoint_objects(), "control_variate": self.control_variate}
@@ -188,6 +190,13 @@ class VCDTrainer(ChainTrainer):
                          baseline: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """``objectives.vcd_surrogate_losses``: (encoder_loss, decoder_loss, g(zT) [B])."""
         return vcd_surrogate_losses(self.model, x, loc, scale, z0, chain, baseline, self.config.precision)
+
+    def _draw_gradients(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor,
+                        groups: tuple[str, ...]) -> dict[str, list[tf.Tensor]]:
+        """One draw of ``estimate_gradients``' gradients of ``groups``: {group: [[n] per variable]},
+        each variable's flattened. ``draw_gradients`` compiles it once per tuple of groups."""
+        gradients = self.estimate_gradients(x, baseline, seed).gradients
+        return {name: [tf.reshape(g, [-1]) for g in gradients[name]] for name in groups}
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
         """The step's gradient estimate on the batch (x [B, 784], baseline [B]).

@@ -3,7 +3,7 @@ variate) and the terms of the g its score-function term weighs (chapter 8's loca
 
 from __future__ import annotations
 
-import weakref
+import functools
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -14,19 +14,11 @@ from vcd_helpers.seeds import split_seed
 from vcd_helpers.training import VCDTrainer
 
 
-# One traced draw per (trainer, groups): a chapter comparing baselines calls estimator_variance
-# again and again on the same trainer, and x and the baseline are arguments, not captured constants.
-_DRAWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _gradient_draws(trainer: VCDTrainer, groups: tuple[str, ...]) -> Callable[..., dict[str, list[tf.Tensor]]]:
-    """A compiled (x, baseline, seed) -> {group: flattened gradients}, traced once per trainer."""
-    per_trainer = _DRAWS.setdefault(trainer, {})
-    if groups not in per_trainer:
-        per_trainer[groups] = tf.function(lambda x, baseline, s: {
-            name: [tf.reshape(g, [-1]) for g in trainer.estimate_gradients(x, baseline, s).gradients[name]]
-            for name in groups})
-    return per_trainer[groups]
+    """A compiled (x, baseline, seed) -> {group: flattened gradients}: the trainer's
+    ``draw_gradients``, which it holds and traces once per groups (a chapter comparing baselines
+    calls estimator_variance again and again on one trainer; x and the baseline are arguments)."""
+    return functools.partial(trainer.draw_gradients, groups=groups)
 
 
 def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *, num_draws: int,

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import tensorflow as tf
 from IPython.display import HTML
 
-from vcd_helpers.bench import decoder_layer_gflops, row_from_timing, step_call
+from vcd_helpers.bench import TimedStep, decoder_layer_gflops, row_from_timing
 from vcd_helpers.config import Config
 from vcd_helpers.hmc import trace_posterior
 from vcd_helpers.model import VAE
@@ -70,15 +70,16 @@ def posterior_trace_figure(model: VAE, x: tf.Tensor, z0: tf.Tensor, *, num_itera
 def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (16, 32, 64, 100, 128, 256, 512, 1024),
                             steps_per_call: tuple[int, ...] = (1, 10, 100), calls: int = 5) -> widgets.Widget:
     """Sliders for the batch size and the steps per call; each change times the XLA training
-    step in the in-graph loop (``bench.step_call``, the median of ``calls`` timed calls) and prints
-    ms/step, examples/s and GFLOP/s. Each batch size is compiled the first time it is chosen, which
-    takes seconds (a line says so meanwhile), and kept by ``step_call`` for every steps per call:
+    step in the in-graph loop (a ``bench.TimedStep``, the median of ``calls`` timed calls) and
+    prints ms/step, examples/s and GFLOP/s. Each batch size is compiled the first time it is chosen,
+    which takes seconds (a line says so meanwhile), and kept by the widget for every steps per call:
     going back is quick."""
     batch = widgets.SelectionSlider(options=list(batch_sizes), value=config.batch_size if config.batch_size in
                                     batch_sizes else batch_sizes[0], description="batch size", continuous_update=False, style=LABEL_STYLE)
     per_call = widgets.SelectionSlider(options=list(steps_per_call), value=steps_per_call[0],
                                        description="steps/call", continuous_update=False, style=LABEL_STYLE)
     output = widgets.Output()
+    steps: dict[int, TimedStep] = {}
     compiled: dict[tuple[int, int], tuple] = {}
     shape_rates: dict[int, float] = {}
 
@@ -88,9 +89,10 @@ def training_speed_explorer(config: Config, *, batch_sizes: tuple[int, ...] = (1
         with output:
             output.clear_output(wait=True)
             if key not in compiled:
-                if batch.value not in shape_rates:
+                if batch.value not in steps:
                     print(f"compiling the step for batch {batch.value} ...", flush=True)
-                compiled[key] = step_call(sized, "xla_loop", steps_per_call=per_call.value)
+                    steps[batch.value] = TimedStep(sized, "xla_loop")
+                compiled[key] = steps[batch.value].call(per_call.value)
                 shape_rates[batch.value] = shape_rates.get(batch.value) or decoder_layer_gflops(sized)
             call, k = compiled[key]
             timed = time_calls(call, repeats=calls, units=k)
