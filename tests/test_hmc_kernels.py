@@ -23,8 +23,8 @@ import tensorflow_probability as tfp
 
 from vcd_helpers import evaluation
 from vcd_helpers.config import EvaluationConfig, HMCConfig, load_config
-from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_rate, hmc_chain, mean_over_iterations,
-                             trace_posterior, sample_chain, value_and_gradient)
+from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_rate, hmc_chain, hmc_results,
+                             mean_over_iterations, trace_posterior, sample_chain, value_and_gradient)
 from vcd_helpers.model import VAE
 from vcd_helpers.seeds import split_seed
 from vcd_helpers.trainers import build_trainer
@@ -79,7 +79,7 @@ def test_a_diverged_trajectory_is_rejected():
 
     kernel = HamiltonianMonteCarlo(exploding, 0.1, 2)
     state, results = kernel.one_step(STARTS[:4], kernel.bootstrap_results(STARTS[:4]), seed=tf.constant([1, 1]))
-    assert not bool(tf.reduce_any(results.is_accepted))
+    assert not bool(tf.reduce_any(results.is_accepted)) and np.isneginf(results.log_accept_ratio).all()
     np.testing.assert_array_equal(state, STARTS[:4])
 
 
@@ -95,6 +95,29 @@ def test_the_adaptation_applies_the_reference_rule_after_each_step():
         rate = results.inner_results.is_accepted.numpy().mean()
         np.testing.assert_allclose(float(results.new_step_size), used + 0.3 * ((rate - 0.8) / 0.8) * used, rtol=1e-6)
     assert float(results.new_step_size) != np.float32(0.4)
+
+
+def test_tfps_step_size_adaptation_and_sample_chain_drive_the_kernel():
+    # TFP's drivers read the kernel's results by name (step_size, log_accept_ratio), as they read
+    # tfp.mcmc.HamiltonianMonteCarlo's; hmc_results and accept_rate read through TFP's results too.
+    target = tfp.distributions.MultivariateNormalDiag(loc=[1.0, -2.0], scale_diag=[0.5, 2.0])
+    kernel = tfp.mcmc.SimpleStepSizeAdaptation(HamiltonianMonteCarlo(target.log_prob, 3.0, 5),
+                                               num_adaptation_steps=200, target_accept_prob=0.75)
+    run = tf.function(lambda: tfp.mcmc.sample_chain(500, tf.zeros([64, 2]), kernel=kernel, seed=[1, 2],
+                                                    trace_fn=lambda _, r: (hmc_results(r), accept_rate(r))))
+    chain = run()
+    results, rates = chain.trace
+    step_sizes = results.step_size.numpy()
+    assert step_sizes[0] == 3.0 and step_sizes[-1] < 1.5, step_sizes[[0, -1]]  # too long a start: shrunk
+    kept = chain.all_states[250:].numpy().reshape(-1, 2)
+    np.testing.assert_allclose(kept.mean(0), [1.0, -2.0], atol=0.1)
+    np.testing.assert_allclose(kept.std(0), [0.5, 2.0], rtol=0.1)
+    # Each decision was drawn against the recorded ratio: log u < ratio, so a ratio >= 0 always
+    # accepts, and the chains accept at the mean of min(1, exp(ratio)).
+    ratio, accepted = results.log_accept_ratio.numpy(), results.is_accepted.numpy()
+    assert accepted[ratio >= 0].all() and (ratio < 0).any()
+    assert abs(accepted.mean() - np.exp(np.minimum(ratio, 0)).mean()) < 0.01
+    np.testing.assert_array_equal(rates.numpy(), accepted.mean(-1, dtype=np.float32))
 
 
 @pytest.mark.parametrize("rate", [0.0, 1.0, 1.5])

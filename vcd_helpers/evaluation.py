@@ -137,7 +137,7 @@ def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, st
     burn_in_states, burn_in_accept_rate = None, tf.constant(np.nan, loc.dtype)
     if burn_in > 0:
         def burn_in_trace(z, results):  # states only when asked for: the paper's burn-in is 300 iterations
-            return (z if trace_burn_in else ()), accept_rate(results.inner_results)
+            return (z if trace_burn_in else ()), accept_rate(results)
 
         burn = sample_chain(burn_in, state, StepSizeAdaptation(kernel, target_accept_rate, adaptation_rate),
                             seed=burn_seed, trace_fn=burn_in_trace)
@@ -242,7 +242,7 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
         move = sample_chain(1, tf.reshape(z, [-1, dims]), kernel, seed=move_seeds[t - 1])
         z = tf.ensure_shape(tf.reshape(move.final_state, [num_chains, batch, dims]), z.shape)
         results = move.final_kernel_results
-        return t + 1, z, log_weights, results.new_step_size, accept_sum + accept_rate(results.inner_results)
+        return t + 1, z, log_weights, results.new_step_size, accept_sum + accept_rate(results)
 
     z0 = start.sample(num_chains, seed=init_seed)
     _, _, log_weights, step_size, accept_sum = tf.while_loop(

@@ -19,7 +19,10 @@ instead of the reference's L + 1 (5 instead of 6 per iteration, 41 instead of 48
 
 ``sample_chain`` runs a kernel for N iterations and records what its ``trace_fn`` picks;
 ``hmc_chain`` composes the three. Both kernels subclass ``tfp.mcmc.TransitionKernel`` and follow
-its protocol (``bootstrap_results``, ``one_step``), so TFP's own kernels run in ``sample_chain``.
+its protocol (``bootstrap_results``, ``one_step``), so TFP's own kernels run in ``sample_chain``,
+and the HMC kernel's results carry what TFP's drivers read (``step_size``, ``log_accept_ratio``):
+``tfp.mcmc.SimpleStepSizeAdaptation`` and ``tfp.mcmc.sample_chain`` run it too. ``hmc_results``
+reads the HMC kernel's results out of any adaptation's around them.
 
 Gradients never flow through the chain: the initial state and step size are wrapped in
 ``stop_gradient`` and each gradient of the target is taken with respect to the state only.
@@ -143,12 +146,15 @@ class HMCKernelResults(NamedTuple):
     """What one HMC iteration hands the next. target_log_prob [B] and grads_target_log_prob
     [B, D]: the target and its gradient at the current state; step_size: the scalar the last
     iteration integrated with (and the next one will, unless an adaptation replaces it);
-    is_accepted [B]: each chain's last Metropolis decision (all True before the first)."""
+    is_accepted [B]: each chain's last Metropolis decision (all True before the first);
+    log_accept_ratio [B]: the log Metropolis ratio it was drawn against (-inf for a diverged
+    trajectory; 0 before the first), which TFP's step-size adaptations read."""
 
     target_log_prob: tf.Tensor
     grads_target_log_prob: tf.Tensor
     step_size: tf.Tensor
     is_accepted: tf.Tensor
+    log_accept_ratio: tf.Tensor
 
 
 class HamiltonianMonteCarlo(tfp.mcmc.TransitionKernel):
@@ -191,7 +197,7 @@ class HamiltonianMonteCarlo(tfp.mcmc.TransitionKernel):
             raise ValueError(f"initial_state has shape {init_state.shape}: expected [chains, dims]")
         log_prob, gradient = value_and_gradient(self.target_log_prob_fn, init_state)
         step_size = tf.stop_gradient(tf.cast(self.step_size, init_state.dtype))
-        return HMCKernelResults(log_prob, gradient, step_size, tf.ones_like(log_prob, tf.bool))
+        return HMCKernelResults(log_prob, gradient, step_size, tf.ones_like(log_prob, tf.bool), tf.zeros_like(log_prob))
 
     def one_step(self, current_state: tf.Tensor, previous_kernel_results: HMCKernelResults,
                  seed: tf.Tensor) -> tuple[tf.Tensor, HMCKernelResults]:
@@ -211,7 +217,7 @@ class HamiltonianMonteCarlo(tfp.mcmc.TransitionKernel):
         return tf.where(accept[:, None], new_state, state), HMCKernelResults(
             target_log_prob=tf.where(accept, new_log_prob, results.target_log_prob),
             grads_target_log_prob=tf.where(accept[:, None], new_gradient, results.grads_target_log_prob),
-            step_size=results.step_size, is_accepted=accept)
+            step_size=results.step_size, is_accepted=accept, log_accept_ratio=log_ratio)
 
 
 def kinetic_energy(momentum: tf.Tensor) -> tf.Tensor:
@@ -219,8 +225,19 @@ def kinetic_energy(momentum: tf.Tensor) -> tf.Tensor:
     return 0.5 * tf.reduce_sum(tf.square(momentum), axis=-1)
 
 
-def accept_rate(results: HMCKernelResults) -> tf.Tensor:
-    """The fraction of chains that accepted in the last iteration: a scalar."""
+def hmc_results(results: Any) -> HMCKernelResults:
+    """The HMC kernel's own results within a kernel's results: themselves, or the ``inner_results``
+    of the adaptations around them (this module's or TFP's). Raises AttributeError for results
+    that hold none."""
+    while not isinstance(results, HMCKernelResults):
+        results = results.inner_results
+    return results
+
+
+def accept_rate(results: Any) -> tf.Tensor:
+    """The fraction of chains that accepted in the last iteration (of the HMC kernel within
+    ``results``, ``hmc_results``): a scalar."""
+    results = hmc_results(results)
     return tf.reduce_mean(tf.cast(results.is_accepted, results.step_size.dtype))
 
 
@@ -361,9 +378,6 @@ def hmc_chain(target_log_prob_fn: TargetLogProbFn, initial_state: tf.Tensor, ste
     kernel = HamiltonianMonteCarlo(target_log_prob_fn, step_size, num_leapfrog_steps)
     if adapt_step_size:
         kernel = StepSizeAdaptation(kernel, target_accept_rate, adaptation_rate)
-
-    def hmc_results(results):  # the HMC kernel's own, inside the adaptation's when adapting
-        return results.inner_results if adapt_step_size else results
 
     def trace_fn(state, results):  # the acceptance rates always: their mean is reported
         results = hmc_results(results)
