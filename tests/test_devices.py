@@ -1,4 +1,4 @@
-"""vcd_helpers.devices and seeds. Device splitting needs a fresh process: TensorFlow allows it
+"""vcd_helpers.devices. Device splitting needs a fresh process: TensorFlow allows it
 only before its devices are initialised, which this test process has already done."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import devices, seeds
+from vcd_helpers import devices
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -54,33 +53,6 @@ def test_device_summary_lists_this_machine():
     summary = devices.device_summary()
     assert summary["tensorflow"] == tf.__version__
     assert any(d.startswith("CPU") for d in summary["physical_devices"])
-
-
-def test_seeds_are_stateless_and_split():
-    a = tf.random.stateless_normal([3], seed=seeds.as_seed(5))
-    b = tf.random.stateless_normal([3], seed=seeds.as_seed(5))
-    np.testing.assert_array_equal(a, b)
-    children = seeds.split_seed(5, 3).numpy()
-    assert children.shape == (3, 2) and len({tuple(c) for c in children}) == 3
-    assert not np.array_equal(seeds.fold_in(5, 1), seeds.fold_in(5, 2))
-    # fold_in draws what the raw TF op draws on the same tensors: the trainers' int64 step keeps its
-    # dtype (the runs' checkpoints depend on it), a Python int folds in as int32.
-    step_seed = seeds.fold_in(seeds.training_seed(3, "vcd"), tf.constant(7, tf.int64))
-    raw = tf.random.experimental.stateless_fold_in(tf.constant([3, 2], tf.int32), tf.constant(7, tf.int64))
-    np.testing.assert_array_equal(step_seed, raw)
-    assert step_seed.dtype == tf.int64
-    np.testing.assert_array_equal(seeds.fold_in(step_seed, 4), tf.random.experimental.stateless_fold_in(step_seed, 4))
-    with pytest.raises(ValueError, match=r"seed has shape \(3,\)"):
-        seeds.as_seed(tf.constant([1, 2, 3]))
-    # split_seed splits an int64 step seed as the raw op does (every trainer's draws depend on it);
-    # as_seed casts to int32 first, as the HMC kernel does, which changes the children.
-    children = seeds.split_seed(step_seed, 2)
-    assert children.dtype == tf.int64
-    np.testing.assert_array_equal(children, tf.random.experimental.stateless_split(step_seed, 2))
-    assert not np.array_equal(seeds.split_seed(seeds.as_seed(step_seed), 2), children)
-    np.testing.assert_array_equal(seeds.split_seed(5, 3), tf.random.experimental.stateless_split([0, 5], 3))
-    with pytest.raises(ValueError, match=r"seed has shape \(1, 2\)"):
-        seeds.split_seed(tf.constant([[1, 2]]))
 
 
 def test_code_version_counts_only_edits_to_the_code(tmp_path):

@@ -1,5 +1,6 @@
-"""objectives: reparameterised_elbo for any target, the VCD divergence's two parts, and the toy fit
-of a diagonal Gaussian q0 by the ELBO and by VCD's encoder loss."""
+"""objectives: reparameterised_elbo for any target, the VCD divergence's two parts, the toy fit
+of a diagonal Gaussian q0 by the ELBO and by VCD's encoder loss, and VCD's surrogate losses on a
+VAE, whose gradients are the estimator's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from vcd_helpers import objectives
+from vcd_helpers.hmc import HMCResult, value_and_gradient
+from vcd_helpers.model import VAE, bernoulli_log_likelihood
+from vcd_helpers.objectives import vcd_surrogate_losses
 
 tfd = tfp.distributions
 
@@ -206,3 +210,111 @@ def test_the_encoder_loss_at_a_start_with_a_zero_coordinate_is_its_closed_form()
     log_q0 = -np.log(2 * np.pi) - 0.5 * 0.5**2
     np.testing.assert_allclose(g, [expected_g], rtol=1e-6)
     np.testing.assert_allclose(loss, 1.0 + expected_g + expected_g * log_q0, rtol=1e-5)
+
+
+# VCD's surrogate losses on a VAE: their gradients are the estimator's.
+
+def _batch(n=6, seed=0):
+    return tf.cast(tf.random.stateless_uniform([n, 784], seed=[seed, 1]) < 0.2, tf.float32)
+
+
+def _chain_ending_at(model, x, z0, zT):
+    """An HMCResult from z0 to a given zT, with the chain's first evaluation at z0."""
+    log_joint_z0, grad_z0 = value_and_gradient(lambda z: model.log_joint(x, z), tf.stop_gradient(z0))
+    return HMCResult(final_state=zT, final_log_prob=model.log_joint(x, zT), step_size=tf.constant(0.05),
+                     accept_rate=tf.constant(1.0), trace=None, initial_log_prob=log_joint_z0, initial_gradient=grad_z0)
+
+
+def test_decoder_loss_gradient_is_the_likelihood_at_zT():
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * tf.random.stateless_normal([6, 10], seed=[2, 2])
+        _, decoder_loss, _ = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  tf.zeros([6]))
+        reference = -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))
+    for a, b in zip(tape.gradient(decoder_loss, model.decoder.trainable_variables),
+                    tape.gradient(reference, model.decoder.trainable_variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_loss_equals_the_formula_differentiated_through_the_decoder():
+    # The pathwise term reuses the chain's gradient at z0; it must equal autodiff of
+    # -log p(x, z0) through the decoder, and the loss's value must equal the formula's.
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    eps = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    baseline = tf.fill([6], -300.0)
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * eps
+        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  baseline)
+        quadratic = 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), -1)
+        g_formula = tf.stop_gradient(model.log_joint(x, zT)) + quadratic
+        log_q0 = tfp.distributions.Independent(tfp.distributions.Normal(loc, scale), 1).log_prob(tf.stop_gradient(z0))
+        formula = tf.reduce_sum(-model.log_joint(x, z0) + g_formula + tf.stop_gradient(g_formula - baseline) * log_q0)
+    np.testing.assert_allclose(float(encoder_loss), float(formula), rtol=1e-6)
+    np.testing.assert_allclose(g, g_formula, rtol=1e-6)
+    variables = model.encoder.trainable_variables
+    for a, b in zip(tape.gradient(encoder_loss, variables), tape.gradient(formula, variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
+
+
+def test_g_and_the_encoder_loss_value_on_a_well_scaled_q0():
+    # With the encoder's own (tiny) scales the quadratic and score terms dwarf the others (the
+    # encoder loss is ~1.6e11 there), so a value check at rtol 1e-6 cannot see log p(z) in g or the
+    # pathwise term; here q0 = N(0, I) keeps every term of comparable size, and b = g removes the
+    # score term from the value.
+    model = VAE(seed=0)
+    x = _batch()
+    loc, scale = tf.zeros([6, 10]), tf.ones([6, 10])
+    z0 = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    expected_g = model.log_joint(x, zT) + 0.5 * tf.reduce_sum(tf.square(zT), -1)
+    encoder_loss, decoder_loss, g = vcd_surrogate_losses(model, x, loc, scale, z0,
+                                                         _chain_ending_at(model, x, z0, zT), expected_g)
+    np.testing.assert_allclose(g, expected_g, rtol=1e-6)
+    np.testing.assert_allclose(float(encoder_loss), float(tf.reduce_sum(-model.log_joint(x, z0) + expected_g)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(decoder_loss),
+                               float(-tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT)))), rtol=1e-6)
+
+
+def test_score_term_vanishes_when_the_baseline_equals_g():
+    model = VAE(seed=0)
+    x = _batch()
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    eps = tf.random.stateless_normal([6, 10], seed=[2, 2])
+
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * eps
+        chain = _chain_ending_at(model, x, z0, zT)
+        _, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, chain, tf.zeros([6]))
+        encoder_loss, _, _ = vcd_surrogate_losses(model, x, loc, scale, z0, chain, g)
+        no_score = tf.reduce_sum(-model.log_joint(x, z0) + 0.5 * tf.reduce_sum(tf.square((zT - loc) / scale), -1))
+    variables = model.encoder.trainable_variables
+    for a, b in zip(tape.gradient(encoder_loss, variables), tape.gradient(no_score, variables)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3 * float(tf.reduce_max(tf.abs(b))) + 1e-6)
+
+
+def test_score_term_gradient_wrt_the_mean_is_analytic():
+    # d/d mu of stop(w) * log N(stop(z0); mu, sigma) = w * (z0 - mu) / sigma^2
+    model = VAE(seed=0)
+    x = _batch(3)
+    loc = tf.Variable(tf.zeros([3, 10]))
+    scale = tf.fill([3, 10], 0.5)
+    z0 = tf.random.stateless_normal([3, 10], seed=[3, 3])
+    zT = loc + 0.0  # quadratic term's gradient at zT = mu is zero
+    with tf.GradientTape() as tape:
+        encoder_loss, _, g = vcd_surrogate_losses(model, x, loc, scale, z0, _chain_ending_at(model, x, z0, zT),
+                                                  tf.zeros([3]))
+        pathwise = -tf.reduce_sum(model.log_joint(x, z0))
+        score_only = encoder_loss - pathwise - tf.reduce_sum(g)
+    expected = g[:, None] * (z0 - loc) / 0.25
+    np.testing.assert_allclose(tape.gradient(score_only, loc), expected, rtol=1e-4)
+

@@ -72,6 +72,6 @@ def test_a_speed_only_setting_trains_the_same_bits(setting):
 def test_settings_that_change_the_round_off_are_part_of_the_run(changed):
     # XLA or not, the chain's blocks (one row each sums otherwise than whole), the sequential
     # schedule's order of sums and the recomputed encoder all train other bits: a resume that
-    # changes them is refused by the run's config (tests/test_run_faults.py).
+    # changes them is refused by the run's config (tests/runs/test_run_faults.py).
     reference = _pipelined() if changed.execution.pipeline is not None else CONFIG
     assert changed.identity() != reference.identity()

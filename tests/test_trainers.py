@@ -18,7 +18,7 @@ from vcd_helpers.trainers import build_trainer
 
 INDEX = tf.constant([3, 1, 4, 15, 9, 2, 6, 5])
 # The steps run eagerly (``_train_step``, the function that ``train_step`` compiles): the same code, without
-# the seconds that tracing it costs; tests/test_training_loop.py and tests/test_vcd.py run compiled steps.
+# the seconds that tracing it costs; tests/test_training_loop.py and tests/test_training.py run compiled steps.
 
 
 def _batch(n=8, seed=0):
@@ -305,23 +305,6 @@ def test_the_reported_losses_are_the_batch_sums_divided_exactly_by_the_batch_siz
     estimate = estimate._replace(encoder_loss=tf.constant(12.0), decoder_loss=tf.constant(-20.0))
     metrics = trainer.apply_estimate(INDEX, x, baseline, estimate)
     assert float(metrics["encoder_loss"]) == 1.5 and float(metrics["decoder_loss"]) == -2.5
-
-
-def test_g_terms_are_the_terms_of_the_steps_g_and_change_no_state():
-    from vcd_helpers.variance import g_terms
-
-    trainer = _vcd_trainer(num_iterations=2)
-    x, seed = _batch(), tf.constant([7, 11])
-    trainer._train_step(INDEX, x)  # a baseline and an adapted step size that are not the initial ones
-    baseline = trainer.control_variate.values(INDEX, trainer.step)
-    step, step_size = int(trainer.step), float(trainer.step_size)
-    terms = g_terms(trainer, INDEX, x, seed)
-    estimate = trainer.estimate_gradients(x, baseline, seed)
-    np.testing.assert_allclose(terms.g, estimate.g, rtol=1e-5)
-    np.testing.assert_array_equal(terms.baseline, baseline)
-    assert np.all(terms.quadratic > 0) and terms.scale.shape == (8, 3)
-    np.testing.assert_array_equal(terms.scale, trainer.model.encoder(x)[1])
-    assert (int(trainer.step), float(trainer.step_size)) == (step, step_size)
 
 
 def test_the_trainers_take_model_and_config_and_read_the_execution_from_the_config():

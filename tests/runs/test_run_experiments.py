@@ -19,7 +19,7 @@ from vcd_helpers.runs.cli import config_from_options
 from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.plan import PLAN
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 #: What results.json holds at least once a run has finished (results.SUMMARY_KEYS).

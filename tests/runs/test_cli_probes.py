@@ -37,7 +37,7 @@ from vcd_helpers.runs.cli import main
 # A finished run is trained once, and a few probes start Python: about a minute.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("replay_g_terms", ROOT / "tools" / "replay_g_terms.py")
 replay_g_terms = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(replay_g_terms)

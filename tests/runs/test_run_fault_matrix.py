@@ -43,7 +43,7 @@ from vcd_helpers.runs.cli import main
 # The fault matrix drives the real commands over every damaged file: a minute or more.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The package's own quiet start (no "failed call to cuInit" line on a CPU machine), whatever the caller set.
 SUBPROCESS_ENV = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
 
