@@ -81,10 +81,11 @@ def evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) ->
 def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
     """Recompute the log-likelihood of a run's model (``checkpoints.latest_model``) with its configured
     evaluation, changed by ``overrides`` (fields of EvaluationConfig: proposal, num_samples,
-    num_examples, ...; None sets None, as in ``Config.replace``). Writes evaluation-*.json (``evaluation_file_name``) and the estimate of
-    every image beside it (.npy); returns the record. Holds the directory's lock while it works,
-    as training does (``--status`` shows the run evaluating). Raises RunDirectoryError naming the
-    holder when another process has the directory."""
+    num_examples, ...; None sets None, as in ``Config.replace``). Writes evaluation-*.json
+    (``evaluation_file_name``) and the estimate of every image beside it (.npy); returns the record.
+    Holds the directory's lock while it works, as training does (``--status`` shows the run
+    evaluating). Raises RunDirectoryError naming the holder when another process has the
+    directory, and ValueError naming an unknown or bad override."""
     model, config, step = _restore_writable(results_dir)
     evaluation = config.replace(evaluation=overrides).evaluation
     with RunDirectory(Path(results_dir)).lock(f"evaluate, proposal {evaluation.proposal}"):
