@@ -224,3 +224,12 @@ def test_the_library_checks_its_arguments_with_the_configs_validators(index):
     call, message = _library_calls()[index]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("execution, allowed", [({"chain_shards": 3}, True), ({"strategy": "mirrored", "replicas": 2}, False)])
+def test_the_config_takes_its_chain_blocks_but_not_a_replicated_step(execution, allowed):
+    if allowed:
+        assert load_config("tiny", batch_size=6).replace(method="hoffman", execution=execution).execution.chain_shards == 3
+    else:
+        with pytest.raises(ValueError, match="only VCD's step is pipelined or replicated, not method='hoffman'"):
+            load_config("tiny", batch_size=6).replace(method="hoffman", execution=execution)

@@ -1,6 +1,6 @@
 """objectives: reparameterised_elbo for any target, the VCD divergence's two parts, the toy fit
 of a diagonal Gaussian q0 by the ELBO and by VCD's encoder loss, and VCD's surrogate losses on a
-VAE, whose gradients are the estimator's."""
+VAE, whose gradients are the estimator's; Hoffman's losses, the ELBO at z0 and the likelihood at zT."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tensorflow_probability as tfp
 from vcd_helpers import objectives
 from vcd_helpers.hmc import HMCResult, value_and_gradient
 from vcd_helpers.model import VAE, bernoulli_log_likelihood
-from vcd_helpers.objectives import vcd_surrogate_losses
+from vcd_helpers.objectives import hoffman_surrogate_losses, posterior_distribution, vcd_surrogate_losses
 
 tfd = tfp.distributions
 
@@ -318,3 +318,68 @@ def test_score_term_gradient_wrt_the_mean_is_analytic():
     expected = g[:, None] * (z0 - loc) / 0.25
     np.testing.assert_allclose(tape.gradient(score_only, loc), expected, rtol=1e-4)
 
+
+# Hoffman (2017)'s losses: the ELBO at z0 for the encoder (read from the chain's first evaluation),
+# the likelihood at the chain's end zT for the decoder.
+
+def _hoffman_losses_and_gradients(model, x, noise, zT):
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * noise
+        encoder_loss, decoder_loss = hoffman_surrogate_losses(model, x, loc, scale, z0,
+                                                              _chain_ending_at(model, x, z0, zT))
+        elbo = model.log_joint(x, z0) - posterior_distribution(loc, scale).log_prob(z0)
+        formulas = (-tf.reduce_sum(elbo), -tf.reduce_sum(bernoulli_log_likelihood(x, model.decoder(zT))))
+    encoder, decoder = model.encoder.trainable_variables, model.decoder.trainable_variables
+    got = (encoder_loss, decoder_loss, tape.gradient(encoder_loss, encoder), tape.gradient(decoder_loss, decoder))
+    want = (*formulas, tape.gradient(formulas[0], encoder), tape.gradient(formulas[1], decoder))
+    return got, want
+
+
+def test_the_losses_are_the_elbo_at_z0_and_the_likelihood_at_zT():
+    model = VAE(seed=0)
+    x = _batch()
+    noise = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    zT = tf.random.stateless_normal([6, 10], seed=[1, 1])
+    got, want = _hoffman_losses_and_gradients(model, x, noise, zT)
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
+    np.testing.assert_allclose(float(got[1]), float(want[1]), rtol=1e-6)
+    for a, b in [*zip(got[2], want[2]), *zip(got[3], want[3])]:
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
+
+
+def test_the_encoder_learns_nothing_from_the_chain_and_the_decoder_nothing_from_z0():
+    model = VAE(seed=0)
+    x = _batch()
+    noise = tf.random.stateless_normal([6, 10], seed=[2, 2])
+    near, far = (tf.random.stateless_normal([6, 10], seed=[1, k]) * s for k, s in ((1, 1.0), (2, 3.0)))
+    (enc_a, dec_a, grads_a, dgrads_a), _ = _hoffman_losses_and_gradients(model, x, noise, near)
+    (enc_b, dec_b, grads_b, dgrads_b), _ = _hoffman_losses_and_gradients(model, x, noise, far)
+    assert float(enc_a) == float(enc_b) and float(dec_a) != float(dec_b)
+    for a, b in zip(grads_a, grads_b):
+        np.testing.assert_array_equal(a, b)
+    other_noise = tf.random.stateless_normal([6, 10], seed=[3, 3])
+    (_, dec_c, _, dgrads_c), _ = _hoffman_losses_and_gradients(model, x, other_noise, near)
+    assert float(dec_c) == float(dec_a)
+    for a, c in zip(dgrads_a, dgrads_c):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_the_encoder_reads_log_p_at_z0_from_the_chains_first_evaluation():
+    # No second decoder pass at z0: shift the chain's recorded log p(x, z0) and the loss shifts by
+    # exactly that, summed; tilt its recorded gradient and the encoder's gradient follows.
+    model = VAE(seed=0)
+    x = _batch()
+    with tf.GradientTape(persistent=True) as tape:
+        loc, scale = model.encoder(x)
+        z0 = loc + scale * tf.random.stateless_normal([6, 10], seed=[2, 2])
+        chain = _chain_ending_at(model, x, z0, z0)
+        shifted = chain._replace(initial_log_prob=chain.initial_log_prob + 3.0,
+                                 initial_gradient=chain.initial_gradient + 1.0)
+        loss, _ = hoffman_surrogate_losses(model, x, loc, scale, z0, chain)
+        loss_shifted, _ = hoffman_surrogate_losses(model, x, loc, scale, z0, shifted)
+        tilt = -tf.reduce_sum(z0)  # what a gradient raised by 1 in every coordinate adds to -log p
+    np.testing.assert_allclose(float(loss_shifted), float(loss) - 6 * 3.0, rtol=1e-6)
+    encoder = model.encoder.trainable_variables
+    for a, b, c in zip(tape.gradient(loss_shifted, encoder), tape.gradient(loss, encoder), tape.gradient(tilt, encoder)):
+        np.testing.assert_allclose(a, b + c, rtol=1e-4, atol=1e-5 * float(tf.reduce_max(tf.abs(b))))
