@@ -6,7 +6,6 @@ so a replica per device runs here as it would on several accelerators.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -74,13 +73,3 @@ def test_one_strategy_per_process_for_sections_that_differ_in_speed_only(batch):
     from vcd_helpers.model import VAE
     with pytest.raises(ValueError, match="the model was made outside the strategy's scope"):
         ReplicatedVCDTrainer(VAE(config.model, seed=0), config.replace(execution=mirrored))
-
-
-
-@pytest.mark.parametrize("given, expected", [({}, "60.0"), ({"VCD_WORKER_TIMEOUT": "7"}, "7")])
-def test_workers_launched_together_wait_a_minute_for_each_other(tmp_path, monkeypatch, given, expected):
-    started = []
-    monkeypatch.setattr(distributed.subprocess, "Popen", lambda command, env, **kw: started.append(env))
-    distributed.launch_local_workers(tmp_path / "c.json", [tmp_path / "a", tmp_path / "b"],
-                                     env={"PATH": os.environ["PATH"], **given})
-    assert [env["VCD_WORKER_TIMEOUT"] for env in started] == [expected, expected]

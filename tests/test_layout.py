@@ -1,5 +1,5 @@
-"""The package's two wings: the library the chapters teach from never imports the run service
-(``vcd_helpers.runs``), and the results layout the chapters read is a bottom floor that imports
+"""The package's two wings: the library the chapters teach from never imports nor starts the run
+service (``vcd_helpers.runs``), and the results layout the chapters read is a bottom floor that imports
 no training code."""
 
 from __future__ import annotations
@@ -31,6 +31,29 @@ def imported_modules(path: Path) -> set[str]:
 def test_the_library_never_imports_the_run_service(path):
     reaching_up = sorted(m for m in imported_modules(path) if m == "vcd_helpers.runs" or m.startswith("vcd_helpers.runs."))
     assert not reaching_up, f"{path.name} imports {reaching_up}"
+
+
+def starts_the_run_service(path: Path) -> bool:
+    """Whether ``path``'s code builds a command line that runs the package's commands
+    (``python -m vcd_helpers ...``), as a launcher of training processes does."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.List):
+            items = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            if any(a == "-m" and b.split(".")[0] == "vcd_helpers" for a, b in zip(items, items[1:])):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
+def test_the_library_never_starts_the_run_service(path):
+    assert not starts_the_run_service(path), f"{path.name} starts python -m vcd_helpers: that belongs in runs/"
+
+
+def test_the_check_sees_a_launcher(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("import sys\ncommand = [sys.executable, '-m', 'vcd_helpers', 'train']\n")
+    assert starts_the_run_service(module)
+    assert starts_the_run_service(PACKAGE / "runs" / "workers.py")
 
 
 def test_the_results_layout_imports_no_training_code():

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import numpy as np
+import pytest
 
 from vcd_helpers import results as layout
 
 
-def test_a_damaged_saved_evaluation_batch_is_computed_again(tmp_path):
-    good = tmp_path / "batch-00000.npz"
-    np.savez(good, estimates=np.array([-90.0, -91.0]), seconds=2.5)
-    (tmp_path / "batch-00001.npz").write_bytes(b"")  # emptied by a full disk
-    (tmp_path / "batch-00002.npz").write_bytes(good.read_bytes()[:40])  # cut short
-    done, seconds = layout.read_partial(tmp_path)
-    assert list(done) == [0] and done[0].tolist() == [-90.0, -91.0] and seconds == 2.5
-
-
-def test_a_record_appended_to_a_cut_line_keeps_a_line_of_its_own(tmp_path):
-    path = tmp_path / "launches.jsonl"
-    path.write_bytes(b'{"time": "2026", "code": {"commit": null, "dirty": false}}\n{"time": "20')  # cut by a full disk
-    layout.append_jsonl(path, {"time": "2027", "code": {"commit": "abc", "dirty": False}})
+def test_a_launch_log_cut_mid_line_loses_that_line_alone(tmp_path):
+    (tmp_path / layout.LAUNCHES_FILE).write_bytes(
+        b'{"time": "2026", "code": {"commit": null, "dirty": false}}\n{"time": "20\n'
+        b'{"time": "2027", "code": {"commit": "abc", "dirty": false}}\n')
     warnings: list[str] = []
     launches = layout.read_launches(tmp_path, warnings)
     assert [launch["time"] for launch in launches] == ["2026", "2027"]
     assert len(warnings) == 1 and "line(s) 2 damaged" in warnings[0]
+
+
+def test_a_damaged_results_file_is_named(tmp_path):
+    (tmp_path / layout.RESULTS_FILE).write_text('{"name": "cut')
+    with pytest.raises(layout.RunDirectoryError, match=str(tmp_path / layout.RESULTS_FILE)):
+        layout.read_results(tmp_path)
+    (tmp_path / layout.RESULTS_FILE).unlink()
+    with pytest.raises(layout.RunDirectoryError, match="has no results.json: the run has not finished"):
+        layout.read_results(tmp_path)

@@ -64,7 +64,7 @@ def check(notebook: str, timeout: float) -> None:
     if chromium is None:
         raise SystemExit("no Chromium found (apt-get install chromium)")
     # The server works on a copy: JupyterLab autosaves, and the chapter's committed outputs must stay.
-    from vcd_helpers.distributed import free_local_ports
+    from vcd_helpers.runs.workers import free_local_ports
 
     workdir = Path(tempfile.mkdtemp(prefix="check-widget-"))
     shutil.copy(ROOT / notebook, workdir / Path(notebook).name)

@@ -35,7 +35,6 @@ import io
 import json
 import os
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,13 +90,6 @@ def warn(warnings: list[str] | None, message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
     if warnings is not None:
         warnings.append(message)
-
-
-def checkpoint_steps(checkpoint_dir: Path, pattern: str = "ckpt-*.index") -> set[int]:
-    """Steps of the checkpoints in ``checkpoint_dir`` that have a file matching ``pattern``
-    (``ckpt-STEP.index``; ``ckpt-*.data-*`` for their data)."""
-    names = (p.name[len("ckpt-"):].split(".", 1)[0] for p in checkpoint_dir.glob(pattern))
-    return {int(name) for name in names if name.isdigit()}
 
 
 def read_text(path: Path, what_to_do: str = "restore it from a copy of the run, or delete it if the run can do "
@@ -318,18 +310,6 @@ def read_launches(directory: str | os.PathLike, warnings: list[str] | None = Non
                            "depend on it")
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append a record as one line, on a line of its own even when the file was cut mid-line
-    (the cut line alone is then lost, never the new record)."""
-    with open(path, "ab+") as f:  # appends go to the end whatever the position read from
-        size = f.seek(0, os.SEEK_END)
-        cut = False
-        if size:
-            f.seek(size - 1)
-            cut = f.read(1) != b"\n"
-        f.write((b"\n" if cut else b"") + json.dumps(record).encode() + b"\n")
-
-
 def read_array(path: Path) -> np.ndarray:
     """A .npy file (per-image estimates, the local baseline). Raises FileNotFoundError when it is
     missing, RunDirectoryError naming it when it is damaged."""
@@ -340,20 +320,3 @@ def read_array(path: Path) -> np.ndarray:
     except (OSError, ValueError, EOFError) as error:
         raise RunDirectoryError(f"{path} is damaged ({type(error).__name__}: {error}); restore it from a copy of "
                                 "the run, or evaluate the run again (python -m vcd_helpers evaluate)") from None
-
-
-def read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
-    """The batches an interrupted evaluation saved in ``partial/``, and the seconds they took. A
-    damaged batch is skipped with a warning naming it: it is computed again (the same numbers:
-    batch k's draws depend on the seed and k alone)."""
-    done, seconds = {}, 0.0
-    for file in sorted(partial.glob("batch-*.npz")):
-        try:
-            with np.load(file) as saved:
-                estimates, took = np.asarray(saved["estimates"]), float(saved["seconds"])
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-            problem = (str(error).splitlines() or [""])[0][:80]
-            warn(None, f"{file} is damaged ({type(error).__name__}: {problem}); computing that batch again")
-            continue
-        done[int(file.stem.removeprefix("batch-"))], seconds = estimates, seconds + took
-    return done, seconds

@@ -39,6 +39,7 @@ from vcd_helpers import results as layout
 from vcd_helpers.runs import evaluate as run_evaluation
 from vcd_helpers.runs import runner
 from vcd_helpers.runs.cli import main
+from vcd_helpers.runs.directory import append_jsonl
 
 # The fault matrix drives the real commands over every damaged file: a minute or more.
 pytestmark = pytest.mark.slow
@@ -263,7 +264,7 @@ def built(tmp_path_factory) -> dict:
         patch.setattr(run_evaluation, "write_atomic", killed_after_one_batch)
         assert main(_train_argv(config, unfinished)) == 130
     # As if resumed once before: the record a resume that wrote rows again appends.
-    layout.append_jsonl(unfinished / layout.RESUME_CHECKS_FILE, {"resumed_from": 20, "rows_compared": 2,
+    append_jsonl(unfinished / layout.RESUME_CHECKS_FILE, {"resumed_from": 20, "rows_compared": 2,
                                                                  "identical": True, "max_relative_difference": 0.0,
                                                                  "code": None})
     (unfinished / layout.LOCK_FILE).unlink()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vcd_helpers import data, distributed
+from vcd_helpers import data
 from vcd_helpers import results as layout
 from vcd_helpers.config import load_config
 from vcd_helpers.evaluation import EvaluationResult
@@ -30,6 +30,7 @@ from vcd_helpers.runs.cli import main
 from vcd_helpers.runs.directory import RunDirectory
 from vcd_helpers.runs.logs import ResumeDiffers
 from vcd_helpers.runs.train import train_run
+from vcd_helpers.runs.workers import free_local_ports
 
 # Each test trains, kills or damages a real run through the command: tens of seconds together.
 pytestmark = pytest.mark.slow
@@ -185,7 +186,7 @@ def test_when_no_checkpoint_restores_the_run_is_refused_not_restarted(tmp_path, 
 
 @pytest.mark.parametrize("how", ["timeout", "SIGINT"])
 def test_a_missing_worker_times_out_or_is_interrupted_with_a_clear_message(tmp_path, config_file, how):
-    workers = [f"127.0.0.1:{port}" for port in distributed.free_local_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_local_ports(2)]
     env = ENV | {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}}),
                  "VCD_WORKER_TIMEOUT": "4" if how == "timeout" else "600"}
     process = subprocess.Popen([sys.executable, "-m", "vcd_helpers", "train", "--config", str(config_file),

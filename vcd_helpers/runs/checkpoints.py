@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from vcd_helpers.config import Config, ExecutionConfig
 from vcd_helpers.model import VAE
-from vcd_helpers.results import (DamagedWeights, RunDirectoryError, checkpoint_steps, read_final_weights,
+from vcd_helpers.results import (DamagedWeights, RunDirectoryError, read_final_weights,
                                  require_config, warn)
-from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.directory import RunDirectory, checkpoint_steps
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import Trainer
 

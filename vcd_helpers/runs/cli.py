@@ -209,10 +209,11 @@ def _supervise(argv: list[str]) -> int:
     until every worker of TF_CONFIG has started: a process waiting there can neither time out nor
     react to Ctrl-C or SIGTERM. So the training runs in a child that reports through a pipe once
     its strategy exists; this process stays responsive, stops the child after
-    ``distributed.worker_timeout()`` seconds naming the workers that never answered, and passes
+    ``runs.workers.worker_timeout()`` seconds naming the workers that never answered, and passes
     SIGINT and SIGTERM on. Returns the exit code.
     """
-    from vcd_helpers.distributed import WORKER_TIMEOUT_ENV, tf_config_workers, unreachable, worker_timeout
+    from vcd_helpers.distributed import tf_config_workers
+    from vcd_helpers.runs.workers import WORKER_TIMEOUT_ENV, unreachable, worker_timeout
 
     workers, index = tf_config_workers()
     timeout = worker_timeout()
@@ -307,8 +308,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """``bench``: the table of step timings, or ``--breakdown`` of one step."""
-    from vcd_helpers.bench import (benchmark_evaluation, format_benchmark, format_breakdown, format_evaluation,
-                                   matmul_gflops, run_benchmark, step_breakdown)
+    from vcd_helpers.bench import format_breakdown, matmul_gflops, step_breakdown
+    from vcd_helpers.runs.bench import benchmark_evaluation, format_benchmark, format_evaluation, run_benchmark
     from vcd_helpers.devices import compute_threads, cpu_model
 
     _stop_on_signals()

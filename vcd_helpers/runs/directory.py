@@ -14,17 +14,20 @@ import io
 import json
 import os
 import sys
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from vcd_helpers.config import Config
 from vcd_helpers.devices import code_version, compute_threads, cpu_model, package_versions
 from vcd_helpers.files import write_atomic
 from vcd_helpers.results import (CHECKPOINT_DIR, CONFIG_FILE, CURVE_FILE, LAUNCHES_FILE, LOCK_FILE, METRICS_FILE,
                                  MODEL_DIR, MODEL_PREFIX, RESULTS_FILE, RESUME_CHECKS_FILE, TENSORBOARD_DIR,
-                                 RunDirectoryError, append_jsonl, csv_rows, finished_results, read_config, warn)
+                                 RunDirectoryError, csv_rows, finished_results, read_config, warn)
 
 VERSION_PACKAGES = ("tensorflow", "tensorflow-probability", "numpy", "vcd_helpers")
 
@@ -209,3 +212,39 @@ def record_resume_check(run: RunDirectory, start_step: int, check: dict[str, Any
                else f"DIFFERENT, by up to {check['max_relative_difference']:.2g} (relative): refused")
     print(f"resume check: {check['rows_compared']} row(s) after step {start_step} written again, {verdict}",
           file=sys.stderr, flush=True)
+
+
+def checkpoint_steps(checkpoint_dir: Path, pattern: str = "ckpt-*.index") -> set[int]:
+    """Steps of the checkpoints in ``checkpoint_dir`` that have a file matching ``pattern``
+    (``ckpt-STEP.index``; ``ckpt-*.data-*`` for their data)."""
+    names = (p.name[len("ckpt-"):].split(".", 1)[0] for p in checkpoint_dir.glob(pattern))
+    return {int(name) for name in names if name.isdigit()}
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append a record as one line, on a line of its own even when the file was cut mid-line
+    (the cut line alone is then lost, never the new record)."""
+    with open(path, "ab+") as f:  # appends go to the end whatever the position read from
+        size = f.seek(0, os.SEEK_END)
+        cut = False
+        if size:
+            f.seek(size - 1)
+            cut = f.read(1) != b"\n"
+        f.write((b"\n" if cut else b"") + json.dumps(record).encode() + b"\n")
+
+
+def read_partial(partial: Path) -> tuple[dict[int, np.ndarray], float]:
+    """The batches an interrupted evaluation saved in ``partial/``, and the seconds they took. A
+    damaged batch is skipped with a warning naming it: it is computed again (the same numbers:
+    batch k's draws depend on the seed and k alone)."""
+    done, seconds = {}, 0.0
+    for file in sorted(partial.glob("batch-*.npz")):
+        try:
+            with np.load(file) as saved:
+                estimates, took = np.asarray(saved["estimates"]), float(saved["seconds"])
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            problem = (str(error).splitlines() or [""])[0][:80]
+            warn(None, f"{file} is damaged ({type(error).__name__}: {problem}); computing that batch again")
+            continue
+        done[int(file.stem.removeprefix("batch-"))], seconds = estimates, seconds + took
+    return done, seconds

@@ -22,9 +22,9 @@ from vcd_helpers.devices import code_version, cpu_model
 from vcd_helpers.evaluation import EvaluationResult, ais_log_likelihood, make_evaluator
 from vcd_helpers.files import npy_bytes, write_atomic
 from vcd_helpers.model import VAE
-from vcd_helpers.results import PARTIAL_DIR, RunDirectoryError, evaluation_file_name, read_partial
+from vcd_helpers.results import PARTIAL_DIR, RunDirectoryError, evaluation_file_name
 from vcd_helpers.runs.checkpoints import latest_model
-from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.directory import RunDirectory, read_partial
 from vcd_helpers.timing import Stopwatch, time_calls
 
 def evaluate_saving_batches(model: VAE, evaluation: EvaluationConfig, config: Config, results_dir: Path,

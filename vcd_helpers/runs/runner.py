@@ -41,10 +41,10 @@ from pathlib import Path
 
 from vcd_helpers.devices import COMMIT_FILE, cpu_model
 from vcd_helpers.results import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, CURVE_FILE, METRICS_FILE, MODEL_DIR,
-                                 RESULTS_FILE, SMALL_FILES, RunDirectoryError, checkpoint_steps, evaluation_file_name,
+                                 RESULTS_FILE, SMALL_FILES, RunDirectoryError, evaluation_file_name,
                                  finished_results, read_config, read_text)
 from vcd_helpers.runs.cli import SUPERVISOR_ENV, config_from_options
-from vcd_helpers.runs.directory import RunDirectory
+from vcd_helpers.runs.directory import RunDirectory, checkpoint_steps
 from vcd_helpers.runs.plan import PLAN, PlannedRun
 
 #: The repository the runs' code is exported from (a snapshot of its last commit).

@@ -1,13 +1,18 @@
-"""The final evaluation's benchmark row: its FLOP count, and a tiny timed run (no speed is asserted)."""
+"""runs.bench: the step table (fits 80 columns, labels its rows) and the final evaluation's row (its FLOP
+count, and a tiny timed run); no speed is asserted."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+import tensorflow as tf
 
-from vcd_helpers import bench
+from vcd_helpers import bench as library_bench
+from vcd_helpers import devices
 from vcd_helpers.config import EvaluationConfig, load_config
+from vcd_helpers.runs import bench
 
 F_DECODER = 2 * (10 * 200 + 200 * 200 + 200 * 784)
 F_ENCODER = 2 * 2 * (784 * 200 + 200 * 200 + 200 * 10)  # the mean and the scale nets
@@ -49,3 +54,35 @@ def test_more_images_than_the_test_split_are_refused():
     config = load_config("default", evaluation={"batch_size": 500})
     with pytest.raises(ValueError, match="num_examples=20000 is invalid: the test split has 10,000 images"):
         bench.benchmark_evaluation(config, num_examples=20_000)
+
+
+CONFIG = load_config("tiny", batch_size=20)
+
+
+def test_benchmark_table_sets_the_step_against_the_matmul_rate_at_its_shape(monkeypatch):
+    # The longest CPU name there is (a brand string holds 48 characters; the CI's Xeon broke a
+    # header that put the name and the matmul rate on one line): the table still fits 80 columns.
+    longest = "Intel(R) Xeon(R) Platinum 8480C Processor @ 2.0G"
+    assert len(longest) == 48
+    monkeypatch.setattr(bench, "cpu_model", lambda: longest)
+    assert library_bench.matmul_gflops(16, 32, 64, repeats=1) > 0
+    assert library_bench.matmul_gflops(16, 32, 64, repeats=1, dtype=tf.bfloat16, jit_compile=False) > 0
+    row = library_bench.BenchmarkRow("default", 100, ms_per_step=50.0, examples_per_second=2000.0,
+                             gflops_per_second=72.0, shape_gflops=90.0, bound_ms=40.0, cores_used=1.15,
+                             chain_shards=2, precision="bfloat16")
+    vae = library_bench.BenchmarkRow("vae", 100, 5.0, 20000.0, 20.0, 90.0, 1.0, 1.0)
+    table = bench.format_benchmark([row, vae], matmul_rate=150.0).splitlines()
+    assert table[0] == f"CPU: {longest}, {os.cpu_count()} cores" and max(map(len, table)) <= 80
+    assert table[1] == "dense float32 matmul: 150 GFLOP/s at 1024^3 (XLA)"
+    assert table[-3].split()[-6:] == ["of", "dense", "cores", "shards", "shape", "bound"]
+    assert table[-2].split() == ["default", "100", "bf16", "50.0", "2000", "72.0", "48%", "1.15", "2", "90", "40.0"]
+    assert table[-1].split()[2] == "f32" and table[-1].split()[-3] == "-"  # the VAE has no chain
+
+
+def test_a_benchmark_row_names_the_blocks_of_its_chain_and_its_precision():
+    # The TF-kernel loop: what is checked is the row's labels, which need no XLA compilation.
+    row = bench.benchmark_row(CONFIG.replace(precision="bfloat16", execution={"chain_shards": 2}), steps_per_call=2,
+                              calls=1, shape_gflops=1.0, style="loop")
+    assert (row.chain_shards, row.precision) == (2, "bfloat16")
+    assert bench.benchmark_row(CONFIG, steps_per_call=2, calls=1, shape_gflops=1.0, style="loop").chain_shards == \
+        devices.compute_threads()
