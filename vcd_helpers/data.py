@@ -349,6 +349,15 @@ def load_binarized_mnist(split: str) -> np.ndarray:
     return _loaded[key]
 
 
+def read_cache(split: str) -> np.ndarray | None:
+    """The split as a new process loads it: read from the cache file and verified afresh (SHA-256,
+    shape, values), bypassing this process's in-memory copy; None when the split is not cached yet.
+    Raises DataError when the cache file is corrupt."""
+    _check_split(split)
+    info = data_source()
+    return _read_cache(info.cache_dir, info.source, split)
+
+
 def _load_verified(info: DataSourceInfo, split: str) -> np.ndarray:
     images = _read_cache(info.cache_dir, info.source, split)
     if images is None:
