@@ -181,11 +181,15 @@ def test_a_verdict_reads_as_a_clause_for_the_prose():
     slower = timing.RatioInterval(1.84, 1.80, 1.90, 0.95, 10)
     faster = timing.RatioInterval(0.5, 0.4, 0.6, 0.95, 10)
     same = timing.RatioInterval(0.99, 0.97, 1.02, 0.95, 10)
-    assert slower.phrase("eager", "XLA") == "eager is resolved as slower than XLA (1.84 x, interval [1.80, 1.90])"
-    assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is resolved as faster than k = 1 (0.50 x")
-    assert same.phrase("k = 10", "k = 1") == "no difference between k = 10 and k = 1 is resolved (0.99 x, interval [0.97, 1.02])"
+    assert slower.phrase("eager", "XLA") == "eager is resolved as slower than XLA (1.840 x, interval [1.800, 1.900])"
+    assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is resolved as faster than k = 1 (0.500 x")
+    assert same.phrase("k = 10", "k = 1") == \
+        "no difference between k = 10 and k = 1 is resolved (0.990 x, interval [0.970, 1.020])"
     much_faster = timing.RatioInterval(0.0123, 0.0121, 0.0125, 0.95, 10)  # not "0.01 x, interval [0.01, 0.01]"
     assert much_faster.phrase("XLA", "eager").endswith("(0.012 x, interval [0.012, 0.013])")
+    # A narrow interval is not printed as a point (a reader took [1.02, 1.02] for no spread at all).
+    narrow = timing.RatioInterval(1.0213, 1.0211, 1.0214, 0.95, 10)
+    assert narrow.phrase("a", "b").endswith("(1.0213 x, interval [1.0211, 1.0214])")
 
 
 @pytest.mark.parametrize("interval, shown", [
@@ -197,6 +201,10 @@ def test_a_verdict_reads_as_a_clause_for_the_prose():
     # An unresolved one, or an ordinary one, keeps three decimals.
     ((0.994, 0.981, 1.002), "0.994 x [0.981, 1.002]"),
     ((1.85, 1.80, 1.90), "1.850 x [1.800, 1.900]"),
+    # An interval of nonzero width gets the digits that show its width.
+    ((1.0213, 1.0211, 1.0214), "1.0213 x [1.0211, 1.0214]"),
+    ((0.50004, 0.50001, 0.50008), "0.5000 x [0.5000, 0.5001]"),
+    ((1.0213, 1.0211, 1.0216), "1.021 x [1.021, 1.022]"),  # three decimals already show a width
 ])
 def test_a_ratio_is_printed_with_the_digits_its_verdict_needs(interval, shown):
     assert str(timing.RatioInterval(*interval, 0.95, 12)).startswith(shown + " (95% interval, 12 rounds)")

@@ -224,11 +224,11 @@ class RatioInterval:
 
     def phrase(self, variant: str, baseline: str) -> str:
         """The verdict as a clause for the prose, e.g. "eager is resolved as slower than XLA
-        (1.84 x, interval [1.80, 1.90])" or "no difference between k = 10 and k = 1 is
-        resolved (0.99 x, interval [0.97, 1.02])"."""
+        (1.840 x, interval [1.800, 1.900])" or "no difference between k = 10 and k = 1 is
+        resolved (0.990 x, interval [0.970, 1.020])"; the digits are ``numbers``'."""
         if self.is_baseline:
             return f"{variant} is the baseline"
-        ratio, low, high = self.numbers(minimum_decimals=2)
+        ratio, low, high = self.numbers()
         numbers = f"({ratio} x, interval [{low}, {high}])"
         if not self.differs:
             return f"no difference between {variant} and {baseline} is resolved {numbers}"
@@ -236,12 +236,18 @@ class RatioInterval:
 
     def numbers(self, minimum_decimals: int = 3) -> tuple[str, str, str]:
         """The ratio and its interval as text, with the decimals they need: at least two
-        significant digits each (0.0123, not 0.01), and an interval that excludes 1 never
-        printed with a bound of 1.000 (0.9995, not 1.000), so that the digits show the verdict."""
+        significant digits each (0.0123, not 0.01), an interval that excludes 1 never printed
+        with a bound of 1.000 (0.9995, not 1.000), so that the digits show the verdict, and an
+        interval of nonzero width never printed as a point ([1.0021, 1.0024], not [1.002, 1.002])."""
         values = (self.ratio, self.low, self.high)
         decimals = minimum_decimals
+
+        def printed(v: float) -> str:
+            return f"{v:.{decimals}f}"
+
         while decimals < 8 and (any(0 < abs(v) < 10 ** (1 - decimals) for v in values)
-                                or (self.differs and any(f"{v:.{decimals}f}" == f"{1:.{decimals}f}" for v in values))):
+                                or (self.differs and any(printed(v) == printed(1) for v in values))
+                                or (self.low < self.high and printed(self.low) == printed(self.high))):
             decimals += 1
         return tuple(f"{v:.{decimals}f}" for v in values)
 
