@@ -133,7 +133,51 @@ def test_pipelined_gradients_equal_the_plain_estimator_summed_over_micro_batches
     np.testing.assert_allclose(actual.decoder_loss, expected.decoder_loss, rtol=1e-5)
     np.testing.assert_allclose(actual.g, expected.g, rtol=1e-5)
     assert float(actual.step_size) == pytest.approx(float(expected.step_size), rel=1e-6)
-    assert times.shape == (18, 2) and np.all(times[:, 1] >= times[:, 0])
+    assert times is None  # the training step carries no stamps
+    stamped, times = trainer._stamped_estimate(x, baseline, seed)(x, baseline, seed)
+    assert max_relative_error(actual, stamped) == 0.0 and float(stamped.step_size) == float(actual.step_size)
+    assert times.shape == (18, 2) and np.all(times.numpy()[:, 1] >= times.numpy()[:, 0])
+
+
+def _stamps(graph: tf.Graph) -> list[tf.Operation]:
+    return [op for op in graph.get_operations() if op.type == "Timestamp"]
+
+
+def test_the_stamps_order_each_device_alone_and_stay_out_of_the_training_step(batch):
+    # tf.function chains every stateful op without a variable into one total order: stamps traced
+    # there would make each task wait for the last task's end stamp on any device, serialising the
+    # pipeline it measures (they did: the real timelines never overlapped). Traced without automatic
+    # control dependencies, a stamp waits only for its own device's previous task.
+    config, _, x = batch
+    trainer = build_trainer(config.replace(execution={"pipeline": PipelineConfig(
+        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES),
+        "jit_compile": False}))
+    baseline, seed = tf.zeros([24]), tf.constant([1, 2], tf.int64)
+    graph = trainer._stamped_estimate(x, baseline, seed).graph
+    stamps = _stamps(graph)
+    assert len(stamps) == 2 * 18
+    crossing = [(op.name, c.name) for op in stamps for c in op.control_inputs
+                if c.type == "Timestamp" and c.device != op.device]
+    assert not crossing, crossing
+    assert len({op.device for op in stamps}) == 3
+    step_graph = trainer.train_step.get_concrete_function(tf.TensorSpec([24], tf.int32), x).graph
+    assert not [op for op in step_graph.get_operations() if op.type == "Timestamp"]
+
+
+def test_a_timed_step_changes_the_state_as_a_training_step_does(batch):
+    config, _, x = batch
+    execution = {"pipeline": PipelineConfig(schedule="grouped", micro_batch_size=8, gradient_accumulation=3,
+                                            devices=STAGE_DEVICES), "jit_compile": False}
+    timed, plain = (build_trainer(config.replace(execution=execution)) for _ in range(2))
+    index = tf.range(24)
+    for _ in range(2):
+        metrics, timeline = timed.timed_step(index, x)
+        expected = plain.train_step(index, x)
+    assert {k: float(v) for k, v in metrics.items()} == {k: float(v) for k, v in expected.items()}
+    for a, b in zip(timed.trainable_variables, plain.trainable_variables):
+        np.testing.assert_array_equal(a, b)
+    assert int(timed.step) == 2 and float(timed.step_size) == float(plain.step_size)
+    assert len(timeline.tasks) == 18 and np.all(timeline.end >= timeline.start)
 
 
 def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch, plain_sum):

@@ -28,8 +28,12 @@ different micro-batches cannot share an acceptance rate without serialising the 
 
 A *schedule* fixes the order of the tasks (forward or backward of a stage on a micro-batch) on
 each device; the step's graph enforces it with control dependencies, and TensorFlow runs tasks
-on different devices concurrently. Each task records ``tf.timestamp()`` when it starts and ends,
-which gives the measured timeline (``Timeline``) of a step.
+on different devices concurrently. ``timed_step`` also records ``tf.timestamp()`` when each task
+starts and ends, which gives the measured timeline (``Timeline``) of a step. Those stamps are
+traced without ``tf.function``'s automatic control dependencies (``tf.compat.v1.wrap_function``):
+``tf.function`` chains every stateful op that touches no variable, ``tf.timestamp`` among them,
+into one total order, and would so serialise the very tasks the stamps time. The training step
+itself carries no stamps.
 
 ``emulate_schedule`` runs the same schedules with stand-in stages whose durations are known (host
 waits), to measure a schedule's bubble, time and memory against their formulas
@@ -42,7 +46,7 @@ import functools
 import threading
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -332,14 +336,30 @@ class PipelinedVCDTrainer(VCDTrainer):
         self.chain = tf.function(self.run_chain, jit_compile=True) if self.jit_compile else self.run_chain
         self.order = execution_order(pipeline.schedule, NUM_STAGES, pipeline.gradient_accumulation)
         self.train_step = tf.function(self._train_step)
-        self.timed_step_fn = tf.function(self._timed_train_step)
+        self._step_inputs = tf.function(self.step_inputs)
+        self._apply_estimate = tf.function(self.apply_estimate)
+        self._stamped_estimates: dict[tuple, Callable] = {}  # the stamped estimate, traced once per batch shape
 
     def timed_step(self, index: tf.Tensor, x: tf.Tensor) -> tuple[dict[str, tf.Tensor], Timeline]:
-        """One training step, and when each of its tasks ran."""
-        metrics, times = self.timed_step_fn(index, x)
+        """One training step, and when each of its tasks ran: the same state changes as
+        ``train_step``, with the estimate computed by a stamped graph of its own."""
+        baseline, seed = self._step_inputs(index)
+        estimate, times = self._stamped_estimate(x, baseline, seed)(x, baseline, seed)
+        metrics = self._apply_estimate(index, x, baseline, estimate)
         times = times.numpy()
         origin = times[:, 0].min()
         return metrics, Timeline(list(self.order), times[:, 0] - origin, times[:, 1] - origin)
+
+    def _stamped_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> Callable:
+        """``estimate_gradients_pipelined`` with stamps, traced without automatic control
+        dependencies (see the module's docstring): only the schedule's own dependencies order the
+        tasks. The estimate changes no state, so nothing else needs ordering."""
+        signature = [tf.TensorSpec(t.shape, t.dtype) for t in (x, baseline, seed)]
+        key = tuple((tuple(spec.shape), spec.dtype) for spec in signature)
+        if key not in self._stamped_estimates:
+            self._stamped_estimates[key] = tf.compat.v1.wrap_function(
+                lambda x, baseline, seed: self.estimate_gradients_pipelined(x, baseline, seed, stamp=True), signature)
+        return self._stamped_estimates[key]
 
     # The six tasks of a micro-batch, one method each. What a forward keeps for its backward and
     # what a backward sends upstream are named tuples; the schedule decides when each runs.
@@ -396,13 +416,16 @@ class PipelinedVCDTrainer(VCDTrainer):
                                           output_gradients=[d_loc, d_scale])
         return EncoderResult(gradients, loss, g)
 
-    def estimate_gradients_pipelined(self, x: tf.Tensor, baseline: tf.Tensor,
-                                     seed: tf.Tensor) -> tuple[VCDEstimate, tf.Tensor]:
+    def estimate_gradients_pipelined(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor, *,
+                                     stamp: bool = False) -> tuple[VCDEstimate, tf.Tensor | None]:
         """The pipelined counterpart of ``training.accumulate_gradients``: x [B, 784], baseline [B], seed
-        [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2]). Changes no state.
+        [2] -> (the same estimate, the tasks' [start, end] timestamps [num_tasks, 2] if ``stamp``, else
+        None). Changes no state.
 
         Runs the tasks in ``self.order``, each on its stage's device after the task before it on that
-        device (every task before it, for the sequential schedule), and stamps its start and end."""
+        device (every task before it, for the sequential schedule). With ``stamp``, each task's start
+        and end are stamped: trace that only without automatic control dependencies
+        (``timed_step`` does), which would chain the stamps and serialise the tasks."""
         p = self.pipeline
         b = p.micro_batch_size
         step_size = tf.convert_to_tensor(self.step_size)
@@ -425,19 +448,24 @@ class PipelinedVCDTrainer(VCDTrainer):
                                          done[Task("B", 2, m)], baseline[m * b:(m + 1) * b])
 
         times = []
-        last_on_device: dict[int, tf.Tensor] = {}
-        previous_end = None
+        last_on_device: dict[int, list[tf.Tensor]] = {}
+        previous: list[tf.Tensor] = []
         for task in self.order:
-            after = previous_end if p.schedule == "sequential" else last_on_device.get(task.stage)
+            after = previous if p.schedule == "sequential" else last_on_device.get(task.stage, [])
             with tf.device(p.device(task.stage)):
-                with tf.control_dependencies([] if after is None else [after]):
-                    start = tf.timestamp()
-                with tf.control_dependencies([start]):
+                if stamp:
+                    with tf.control_dependencies(after):
+                        start = tf.timestamp()
+                    after = [start]
+                with tf.control_dependencies(after):
                     done[task] = run(task)
-                with tf.control_dependencies([t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]):
-                    end = tf.timestamp()
-            times.append(tf.stack([start, end]))
-            last_on_device[task.stage] = previous_end = end
+                finished = [t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]
+                if stamp:
+                    with tf.control_dependencies(finished):
+                        end = tf.timestamp()
+                    times.append(tf.stack([start, end]))
+                    finished = [end]
+            last_on_device[task.stage] = previous = finished
 
         micro = range(p.gradient_accumulation)
         encoder = [done[Task("B", 0, m)] for m in micro]
@@ -453,16 +481,11 @@ class PipelinedVCDTrainer(VCDTrainer):
         estimate = VCDEstimate(gradients, tf.add_n([e.loss for e in encoder]), tf.add_n([d.loss for d in decoder]),
                                tf.concat([e.g for e in encoder], 0), tf.reduce_mean([c.accept_rate for c in chains]),
                                tf.reduce_mean([c.step_size for c in chains]))
-        return estimate, tf.stack(times)
+        return estimate, (tf.stack(times) if stamp else None)
 
     def batch_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> VCDEstimate:
-        """The pipelined estimate (its timestamps unused: only ``timed_step`` reads them)."""
+        """The pipelined estimate, unstamped."""
         return self.estimate_gradients_pipelined(x, baseline, seed)[0]
-
-    def _timed_train_step(self, index: tf.Tensor, x: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        baseline, seed = self.step_inputs(index)
-        estimate, times = self.estimate_gradients_pipelined(x, baseline, seed)
-        return self.apply_estimate(index, x, baseline, estimate), times
 
 
 def state_bytes_per_device(trainer: VCDTrainer) -> dict[str, int]:
