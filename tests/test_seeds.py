@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -34,3 +36,21 @@ def test_seeds_are_stateless_and_split():
     np.testing.assert_array_equal(seeds.split_seed(5, 3), tf.random.experimental.stateless_split([0, 5], 3))
     with pytest.raises(ValueError, match=r"seed has shape \(1, 2\)"):
         seeds.split_seed(tf.constant([[1, 2]]))
+
+
+def test_a_salted_seed_separates_the_uses_of_one_seed():
+    a, b = seeds.salted_seed(3, "estimator_variance"), seeds.salted_seed(3, "step_breakdown")
+    assert a.dtype == tf.int32 and a.shape == (2,)
+    assert not np.array_equal(a, b) and not np.array_equal(a, seeds.salted_seed(4, "estimator_variance"))
+    np.testing.assert_array_equal(a, seeds.salted_seed(3, "estimator_variance"))
+    # The same in every process: the salt folds in as the first 31 bits of its SHA-256.
+    salt = int.from_bytes(hashlib.sha256(b"estimator_variance").digest()[:4], "little") & 0x7FFFFFFF
+    np.testing.assert_array_equal(a, tf.random.experimental.stateless_fold_in(tf.constant([0, 3]), salt))
+
+
+@pytest.mark.parametrize("seed, salt, message", [(True, "a", "seed=True is invalid"), (1.5, "a", "seed=1.5 is invalid"),
+                                                 (1, "", "salt='' is invalid"), (1, None, "salt=None is invalid")])
+def test_a_salted_seed_refuses_what_it_cannot_salt(seed, salt, message):
+    with pytest.raises(ValueError, match=message):
+        seeds.salted_seed(seed, salt)
+

@@ -26,6 +26,7 @@ import tensorflow as tf
 from vcd_helpers.config import CHAIN_METHODS, NUM_PIXELS, Config, check_one_of, check_positive_int
 from vcd_helpers.data import indexed_batches, load_binarized_mnist
 from vcd_helpers.hmc import block_sizes, sharded_target, value_and_gradient
+from vcd_helpers.seeds import salted_seed, split_seed
 from vcd_helpers.timing import MIN_INTERVAL_ROUNDS, median_interval, Timing, time_alternately, time_calls
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import chain_blocks
@@ -260,14 +261,15 @@ def step_breakdown(config: Config, *, calls: int = 11, steps_per_call: int = 10,
     chain_shards = trainer.chain_shards
     x = tf.constant(load_binarized_mnist("train")[: config.batch_size], tf.float32)
     loc, scale = trainer.model.encoder(x)
-    z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=[seed, 1])
+    noise_seed, chain_seed = tf.unstack(split_seed(salted_seed(seed, "step_breakdown"), 2))
+    z0 = loc + scale * tf.random.stateless_normal(tf.shape(loc), seed=noise_seed)
     hmc = config.hmc
     count = 1 + hmc.num_iterations * hmc.num_leapfrog_steps
     target = sharded_target(functools.partial(trainer.model.log_joint, precision=config.precision), x, chain_shards)
     sizes = block_sizes(config.batch_size, chain_shards)
     weights = [tf.convert_to_tensor(w) for w in trainer.model.decoder.net.weights]
 
-    chain = tf.function(lambda: trainer.run_chain(x, z0, trainer.step_size, tf.constant([seed, 2])).final_state,
+    chain = tf.function(lambda: trainer.run_chain(x, z0, trainer.step_size, chain_seed).final_state,
                         jit_compile=True)
 
     def repeated(one):  # ``count`` evaluations, each starting where the last ended

@@ -2,10 +2,13 @@
 
 A run with a given integer seed is reproducible on the same machine, whatever was run before
 it, because no op reads a global random state. Seeds are split, never reused: ``split_seed``
-derives independent child seeds from a parent.
+derives independent child seeds from a parent, and ``salted_seed`` makes the root seed of each use
+of an integer seed (each method's training steps keep their own stream: ``training_seed``).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import tensorflow as tf
 
@@ -58,3 +61,18 @@ def training_seed(seed: int, method: str) -> tf.Tensor:
     """The base seed [2] int32 of ``method``'s training steps in a run seeded ``seed``; step k
     draws from ``fold_in(training_seed(seed, method), k)``."""
     return tf.constant([seed, TRAINING_STREAMS[method]], tf.int32)
+
+
+def salted_seed(seed: int, salt: str) -> tf.Tensor:
+    """The root seed [2] int32 of one use of the integer ``seed``: ``fold_in(seed, salt)``, so that
+    two uses of one seed (a variance's draws, a toy fit, a benchmark's chain) draw independently,
+    as TFP's ``samplers.sanitize_seed(seed, salt=...)`` makes them. The salt folds in as the first
+    31 bits of its SHA-256 (Python's ``hash`` of a string changes from process to process).
+
+    Raises ValueError for a seed that is not an int or an empty salt."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} is invalid: a root seed is made from an int")
+    if not isinstance(salt, str) or not salt:
+        raise ValueError(f"salt={salt!r} is invalid: must be a non-empty string naming the seed's use")
+    salt_value = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return fold_in(seed, salt_value)

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from vcd_helpers.objectives import half_standardised_square
-from vcd_helpers.seeds import split_seed
+from vcd_helpers.seeds import fold_in, salted_seed, split_seed
 from vcd_helpers.training import VCDTrainer
 
 
@@ -26,8 +26,9 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
     """Total variance (trace of the covariance) of VCD's gradient estimate at fixed parameters.
 
     Draws the estimator ``num_draws`` times on the batch x [B, 784] with the given baseline [B]
-    and independent seeds, and returns, per parameter group, the sum over its parameters of the
-    variance across draws. Changes no state.
+    and independent seeds (draw k: ``fold_in(salted_seed(seed, "estimator_variance"), k)``), and
+    returns, per parameter group, the sum over its parameters of the variance across draws.
+    Changes no state.
     """
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
         raise ValueError(f"num_draws={num_draws!r} is invalid: a variance needs an integer >= 2")
@@ -35,8 +36,9 @@ def estimator_variance(trainer: VCDTrainer, x: tf.Tensor, baseline: tf.Tensor, *
     sums = {name: 0.0 for name in groups}
     squares = {name: 0.0 for name in groups}
     x, baseline = tf.convert_to_tensor(x, tf.float32), tf.convert_to_tensor(baseline, tf.float32)
+    root = salted_seed(seed, "estimator_variance")
     for k in range(num_draws):
-        gradients = draw(x, baseline, tf.constant([seed, k], tf.int32))
+        gradients = draw(x, baseline, fold_in(root, k))
         for name in groups:
             flat = tf.concat(gradients[name], axis=0).numpy().astype(np.float64)
             sums[name] = sums[name] + flat
