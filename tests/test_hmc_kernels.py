@@ -97,6 +97,27 @@ def test_the_adaptation_applies_the_reference_rule_after_each_step():
     assert float(results.new_step_size) != np.float32(0.4)
 
 
+def test_a_step_size_per_chain_adapts_to_its_own_chains_target():
+    # Two chains on targets 100 times apart in width: a shared step size suits at most one of
+    # them; one step size per chain ([B, 1]) moves each towards its own target's scale.
+    widths = tf.constant([[0.05], [5.0]])
+    target = lambda z: -0.5 * tf.reduce_sum(tf.square(z / widths), axis=-1)  # noqa: E731
+    kernel = StepSizeAdaptation(HamiltonianMonteCarlo(target, tf.fill([2, 1], 0.5), 3), target_accept_rate=0.8,
+                                adaptation_rate=0.05)
+    run = sample_chain(400, tf.zeros([2, 1]), kernel, seed=tf.constant([3, 4]),
+                       trace_fn=lambda z, results: tf.cast(hmc_results(results).is_accepted, tf.float32))
+    step_sizes = run.final_kernel_results.new_step_size.numpy()[:, 0]
+    assert run.final_kernel_results.new_step_size.shape == (2, 1)
+    assert 30 < step_sizes[1] / step_sizes[0] < 300  # each near its own width's scale
+    late = run.trace.numpy()[200:].mean(axis=0)
+    assert np.all((late > 0.6) & (late < 0.97)), late  # each chain near the target, neither stuck
+    # The per-chain rule is the reference's, applied to each chain's own decision.
+    results = kernel.bootstrap_results(tf.zeros([2, 1]))
+    _, after = kernel.one_step(tf.zeros([2, 1]), results, seed=tf.constant([1, 1]))
+    decided = after.inner_results.is_accepted.numpy().astype(np.float32)[:, None]
+    np.testing.assert_allclose(after.new_step_size, 0.5 + 0.05 * ((decided - 0.8) / 0.8) * 0.5, rtol=1e-6)
+
+
 def test_tfps_step_size_adaptation_and_sample_chain_drive_the_kernel():
     # TFP's drivers read the kernel's results by name (step_size, log_accept_ratio), as they read
     # tfp.mcmc.HamiltonianMonteCarlo's; hmc_results and accept_rate read through TFP's results too.

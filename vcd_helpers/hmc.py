@@ -10,7 +10,10 @@ acceptance rate (the reference's rule):
 
     step_size <- step_size + adaptation_rate * ((mean_accept - target) / target) * step_size
 
-where mean_accept is the fraction of chains that accepted in that iteration.
+where mean_accept is the fraction of chains that accepted in that iteration. A step size of shape
+[B, 1] instead gives each chain its own, adapted from that chain's own decisions (as TFP's
+adaptations adapt a step size per chain): chains on targets of different widths (images whose
+posteriors differ) then each get a step that suits them.
 
 The gradient of the log density at the current state is carried from one iteration to the
 next in the kernel results: a trajectory of L leapfrog steps then costs L gradient evaluations
@@ -144,8 +147,9 @@ def leapfrog(target_log_prob_fn: TargetLogProbFn, state: tf.Tensor, momentum: tf
 
 class HMCKernelResults(NamedTuple):
     """What one HMC iteration hands the next. target_log_prob [B] and grads_target_log_prob
-    [B, D]: the target and its gradient at the current state; step_size: the scalar the last
-    iteration integrated with (and the next one will, unless an adaptation replaces it);
+    [B, D]: the target and its gradient at the current state; step_size: the scalar (or [B, 1],
+    one per chain) the last iteration integrated with (and the next one will, unless an
+    adaptation replaces it);
     is_accepted [B]: each chain's last Metropolis decision (all True before the first);
     log_accept_ratio [B]: the log Metropolis ratio it was drawn against (-inf for a diverged
     trajectory; 0 before the first), which TFP's step-size adaptations read."""
@@ -241,9 +245,19 @@ def accept_rate(results: Any) -> tf.Tensor:
     return tf.reduce_mean(tf.cast(results.is_accepted, results.step_size.dtype))
 
 
+def accepted_per_step_size(results: Any) -> tf.Tensor:
+    """The acceptance each step size of the HMC kernel within ``results`` adapts from: a scalar step
+    size, the fraction of all chains that accepted (``accept_rate``); a step size [B, 1] per chain,
+    each chain's own decision, 0 or 1, as [B, 1]."""
+    results = hmc_results(results)
+    if results.step_size.shape.rank == 0:
+        return accept_rate(results)
+    return tf.cast(results.is_accepted, results.step_size.dtype)[:, None]
+
+
 class StepSizeAdaptationResults(NamedTuple):
     """inner_results: the HMC kernel's results (their step size: the one the last iteration used);
-    new_step_size: the adapted scalar the next iteration will use."""
+    new_step_size: the adapted step size (scalar, or [B, 1] per chain) the next iteration will use."""
 
     inner_results: HMCKernelResults
     new_step_size: tf.Tensor
@@ -254,6 +268,8 @@ class StepSizeAdaptation(tfp.mcmc.TransitionKernel):
     wraps one: after every iteration, with a the fraction of chains that accepted and t the target,
 
         step_size <- step_size + adaptation_rate * ((a - t) / t) * step_size
+
+    (a per-chain step size [B, 1] adapts from its own chain's decision: ``accepted_per_step_size``)
 
     (TFP's rule multiplies by 1 + rate or divides by it instead: other numbers). It adapts at every
     iteration: a chain that must leave its target invariant runs the inner kernel alone, at the
@@ -298,7 +314,8 @@ class StepSizeAdaptation(tfp.mcmc.TransitionKernel):
             step_size=previous_kernel_results.new_step_size)
         state, inner_results = self.inner_kernel.one_step(current_state, inner_results, seed)
         step_size, target = inner_results.step_size, self.target_accept_rate
-        new_step_size = step_size + self.adaptation_rate * ((accept_rate(inner_results) - target) / target) * step_size
+        accepted = accepted_per_step_size(inner_results)
+        new_step_size = step_size + self.adaptation_rate * ((accepted - target) / target) * step_size
         return state, StepSizeAdaptationResults(inner_results, new_step_size)
 
 
