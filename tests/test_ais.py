@@ -78,3 +78,46 @@ def test_ais_runs_on_starts_whose_latent_size_is_only_known_at_run_time():
                          input_signature=[spec, spec])
     eager = annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), **settings).log_normalizer
     np.testing.assert_allclose(traced(tf.zeros([4, 3]), tf.ones([4, 3])), eager, rtol=1e-5, atol=1e-4)
+
+
+def test_a_frozen_step_size_stays_fixed_and_still_recovers_the_normaliser():
+    # adapt_step_size=False: every move uses the given step size (so each leaves its f_t exactly
+    # invariant and the estimate of Z is unbiased); with the default the shared step size adapts.
+    settings = dict(num_temperatures=3, num_chains=NUM_CHAINS, num_leapfrog_steps=5, step_size=0.3, seed=11)
+    frozen = annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), adapt_step_size=False, **settings)
+    assert float(frozen.step_size) == np.float32(0.3)  # exactly the float32 it was given
+    assert 0.5 < float(frozen.accept_rate) < 1.0  # the moves moved, and not all were accepted
+    np.testing.assert_allclose(frozen.log_normalizer.numpy(), C, atol=0.1)
+    adapted = _ais(3)  # the same settings, adapting (the default)
+    assert float(adapted.step_size) != pytest.approx(0.3, abs=1e-4)
+    # The same draws up to the first move: the two differ only in the step sizes of later moves.
+    assert not np.allclose(frozen.log_weights.numpy(), adapted.log_weights.numpy())
+
+
+def test_a_frozen_step_size_equals_moves_at_that_fixed_step_size():
+    # With one temperature the only move uses the given step size either way: the adapting and the
+    # frozen run give the same weights (the adaptation acts after the move), and differ only in the
+    # step size they report.
+    settings = dict(num_temperatures=1, num_chains=64, num_leapfrog_steps=5, step_size=0.3, seed=2)
+    frozen = annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), adapt_step_size=False, **settings)
+    adapted = annealed_importance_sampling(_target, tf.zeros([4, 3]), tf.ones([4, 3]), **settings)
+    np.testing.assert_array_equal(frozen.log_weights.numpy(), adapted.log_weights.numpy())
+    assert float(frozen.accept_rate) == pytest.approx(float(adapted.accept_rate))
+    assert float(frozen.step_size) == np.float32(0.3) and float(adapted.step_size) != np.float32(0.3)
+
+
+def test_ais_log_likelihood_passes_the_frozen_step_size_on():
+    # The model-level estimate takes the same option: frozen and adapting differ beyond one temperature.
+    from vcd_helpers.config import HMCConfig, ModelConfig
+    from vcd_helpers.evaluation import ais_log_likelihood
+    from vcd_helpers.model import VAE
+
+    tiny = VAE(ModelConfig(hidden_units=8, latent_dim=2), seed=0)
+    images = (np.random.default_rng(1).random([3, 784]) < 0.2).astype(np.float32)
+
+    def ais(**kwargs):
+        return ais_log_likelihood(tiny, images, HMCConfig(adaptation_rate=0.5), num_temperatures=3, num_chains=4,
+                                  seed=3, **kwargs)
+
+    np.testing.assert_array_equal(ais(), ais(adapt_step_size=True))
+    assert not np.array_equal(ais(), ais(adapt_step_size=False))

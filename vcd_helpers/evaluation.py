@@ -200,7 +200,8 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
                                  initial_scale: tf.Tensor, *, num_temperatures: int, num_chains: int,
                                  num_leapfrog_steps: int, step_size: float, seed: SeedLike,
                                  target_accept_rate: float = HMCConfig.target_accept_rate,
-                                 adaptation_rate: float = HMCConfig.adaptation_rate) -> AISResult:
+                                 adaptation_rate: float = HMCConfig.adaptation_rate,
+                                 adapt_step_size: bool = True) -> AISResult:
     """Annealed importance sampling (Neal 2001) of log Z = log integral of exp(target(z)) dz, per example.
 
     Starts ``num_chains`` chains per example from q = N(loc, diag(scale^2)) and moves them
@@ -212,11 +213,18 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
     is a stochastic lower bound on log Z, like importance sampling's, but it needs no proposal
     close to the target.
 
+    Unbiasedness needs each move to leave its f_t exactly invariant: with ``adapt_step_size=False``
+    every move uses ``step_size`` unchanged and the estimate of Z is exactly unbiased. The default
+    (True) adapts the shared step size from the chains' acceptances at every temperature, as the
+    training chain does; then each move's step size depends on the chains' earlier states, and
+    the estimate is unbiased only approximately.
+
     Args:
       target_log_prob_fn: z [K, B, D] -> unnormalised log density [K, B] (for a VAE: log p(x, z)).
       initial_loc, initial_scale: [B, D].
       num_temperatures: T; num_chains: K; num_leapfrog_steps, step_size: the HMC moves (the step
-        size adapts towards ``target_accept_rate`` after every temperature).
+        size adapts towards ``target_accept_rate`` after every temperature, unless
+        ``adapt_step_size`` is False: then it stays ``step_size`` throughout).
     """
     check_positive_int("num_chains", num_chains)
     betas = tf.constant(sigmoid_schedule(num_temperatures), initial_loc.dtype)
@@ -237,11 +245,14 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
             z = tf.reshape(flat, [num_chains, batch, dims])
             return tf.reshape(start.log_prob(z) + beta * log_ratio(z), [-1])
 
-        kernel = StepSizeAdaptation(HamiltonianMonteCarlo(annealed, step_size, num_leapfrog_steps),
-                                    target_accept_rate, adaptation_rate)
+        kernel = HamiltonianMonteCarlo(annealed, step_size, num_leapfrog_steps)
+        if adapt_step_size:
+            kernel = StepSizeAdaptation(kernel, target_accept_rate, adaptation_rate)
         move = sample_chain(1, tf.reshape(z, [-1, dims]), kernel, seed=move_seeds[t - 1])
         z = tf.ensure_shape(tf.reshape(move.final_state, [num_chains, batch, dims]), z.shape)
         results = move.final_kernel_results
+        if not adapt_step_size:  # the step size every move used, unchanged
+            return t + 1, z, log_weights, step_size, accept_sum + accept_rate(results)
         return t + 1, z, log_weights, results.new_step_size, accept_sum + accept_rate(results)
 
     z0 = start.sample(num_chains, seed=init_seed)
@@ -254,10 +265,13 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
 
 
 def ais_log_likelihood(model: VAE, images: np.ndarray, hmc: HMCConfig, *, num_temperatures: int,
-                       num_chains: int, seed: SeedLike = 0, batch_size: int = 100) -> np.ndarray:
+                       num_chains: int, seed: SeedLike = 0, batch_size: int = 100,
+                       adapt_step_size: bool = True) -> np.ndarray:
     """AIS estimate of log p(x) for each image ([N, 784] -> [N] numpy), from the encoder's
     q0(z | x) to the posterior p(z | x) (target log p(x, z)), with the HMC kernel and step-size
-    rule of ``hmc``: an independent check of the importance-sampled estimate."""
+    rule of ``hmc``: an independent check of the importance-sampled estimate.
+    ``adapt_step_size=False`` keeps ``hmc.initial_step_size`` at every temperature, which makes
+    the estimate of p(x) exactly unbiased (``annealed_importance_sampling``)."""
 
     @tf.function
     def estimate(x, batch_seed):
@@ -265,7 +279,7 @@ def ais_log_likelihood(model: VAE, images: np.ndarray, hmc: HMCConfig, *, num_te
         return annealed_importance_sampling(
             lambda z: model.log_joint(x, z), loc, scale, num_temperatures=num_temperatures,
             num_chains=num_chains, step_size=hmc.initial_step_size, seed=batch_seed,
-            **hmc.kernel_arguments()).log_normalizer
+            adapt_step_size=adapt_step_size, **hmc.kernel_arguments()).log_normalizer
 
     return np.concatenate([estimate(tf.constant(images[start: start + batch_size], tf.float32),
                                     fold_in(seed, k)).numpy()

@@ -44,37 +44,39 @@ def plot_training_curve(history: dict[str, np.ndarray], *, key: str = "loss", ax
 
 def plot_hmc_trace(trace_log_probs: np.ndarray, accept_rates: np.ndarray, step_sizes: np.ndarray,
                    before: np.ndarray, after: np.ndarray, *, title: str = "") -> plt.Figure:
-    """Four panels (two by two, readable at a book's width) for an HMC run on p(z | x) of several
-    digits: each chain's climb in log p(x, z) from its start (the climb, a few nats, would vanish
-    beside the tens of nats that separate digits), acceptance and step size, and decoded digits.
+    """Five panels (readable at a book's width) for an HMC run on p(z | x) of several digits: each
+    chain's climb in log p(x, z) from its start (the climb, a few nats, would vanish beside the
+    tens of nats that separate digits), acceptance, step size (its own panel, on an axis from 0:
+    a drift of a few per cent is not drawn as a plunge), and decoded digits at start and end.
 
     trace_log_probs [T + 1, B] (row 0 at the start), accept_rates [T], step_sizes [T];
     before, after [n, 784]: decoder means at the first and last state of n chains.
+    The step-size panel is the figure's last axes (``fig.axes[-1]``).
     """
-    fig, axes = plt.subplots(2, 2, figsize=(9, 6.2))
-    axes = axes.ravel()
+    fig = plt.figure(figsize=(9, 6.2))
+    grid = fig.add_gridspec(2, 6)
     iterations = np.arange(len(trace_log_probs))
     climb = trace_log_probs - trace_log_probs[0]
     low, high = np.percentile(climb, [10, 90], axis=1)
-    axes[0].fill_between(iterations, low, high, alpha=0.3, label="10-90% of chains")
-    axes[0].plot(iterations, climb.mean(axis=1), label="mean")
-    axes[0].axhline(0, color="gray", lw=0.8)
-    axes[0].set(xlabel="HMC iteration", ylabel="log p(x, z_t) - log p(x, z_0)", title="climb of the log joint")
-    axes[0].legend(loc="best")
-    ax_rate = axes[1]
+    ax_climb = fig.add_subplot(grid[0, 0:2])
+    ax_climb.fill_between(iterations, low, high, alpha=0.3)
+    ax_climb.plot(iterations, climb.mean(axis=1))
+    ax_climb.axhline(0, color="gray", lw=0.8)
+    # No legend (the band fills the panel): the title names the line and the band.
+    ax_climb.set(xlabel="HMC iteration", ylabel="log p(x, z_t) - log p(x, z_0)", title="climb: mean, 10-90% band")
+    ax_rate = fig.add_subplot(grid[0, 2:4])
     ax_rate.plot(np.arange(1, len(accept_rates) + 1), accept_rates, "o-", ms=3, color="tab:green",
-                 label="acceptance (fraction of chains)")
-    ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1, label="target acceptance")
-    ax_rate.set(xlabel="HMC iteration", ylabel="acceptance", ylim=(0, 1.05), title="acceptance and step size")
-    ax_step = ax_rate.twinx()
-    ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red", label="step size h")
-    ax_step.set_ylabel("step size", color="tab:red")
-    handles, labels = (sum(pair, []) for pair in zip(ax_rate.get_legend_handles_labels(),
-                                                      ax_step.get_legend_handles_labels()))
-    ax_rate.legend(handles, labels, loc="lower right", fontsize=9)
+                 label="fraction of chains")
+    ax_rate.axhline(HMCConfig.target_accept_rate, ls="--", color="gray", lw=1, label="target")
+    ax_rate.set(xlabel="HMC iteration", ylabel="acceptance", ylim=(0, 1.05), title="acceptance")
+    ax_rate.legend(loc="lower right", fontsize=9)
     n = min(len(before), 16)
-    image_grid(before, 4, n // 4, ax=axes[2], title="decoded z at the start")
-    image_grid(after, 4, n // 4, ax=axes[3], title="decoded z at the end")
+    image_grid(before, 4, n // 4, ax=fig.add_subplot(grid[1, 0:3]), title="decoded z at the start")
+    image_grid(after, 4, n // 4, ax=fig.add_subplot(grid[1, 3:6]), title="decoded z at the end")
+    ax_step = fig.add_subplot(grid[0, 4:6])
+    ax_step.plot(np.arange(1, len(step_sizes) + 1), step_sizes, color="tab:red")
+    ax_step.set(xlabel="HMC iteration", ylabel="step size h", ylim=(0, 1.25 * float(np.max(step_sizes))),
+                title="step size (axis from 0)")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
