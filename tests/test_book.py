@@ -84,7 +84,7 @@ def test_every_committed_run_a_notebook_names_is_in_results():
 
     import nbformat
 
-    from vcd_helpers.runs.plan import PLAN
+    from vcd_helpers.plan import PLAN
 
     finished = {path.parent.name for path in (ROOT / "results").glob("*/results.json")}
     named = {}

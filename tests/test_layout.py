@@ -65,3 +65,29 @@ def test_the_check_sees_an_import_of_the_run_service(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text("def f():\n    from vcd_helpers import runs\n    from vcd_helpers.runs.train import train_run\n")
     assert {"vcd_helpers.runs", "vcd_helpers.runs.train"} <= imported_modules(module)
+
+
+NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+# Chapter 7 shows the training command's two-worker mode, started by the run service's launcher:
+# starting processes is the run service's job, and the chapter shows that job.
+RUN_SERVICE_SHOWN = {("07_pipelining.ipynb", "vcd_helpers.runs.workers")}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_chapter_imports_the_run_service(path):
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    module = ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    imported = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    reaching = sorted(m for m in imported if (m == "vcd_helpers.runs" or m.startswith("vcd_helpers.runs."))
+                      and not any(path.name == page and (m == shown or m.startswith(shown + "."))
+                                  for page, shown in RUN_SERVICE_SHOWN))
+    assert not reaching, f"{path.name} imports {reaching}: the chapters teach from the library"
+

@@ -44,7 +44,7 @@ from vcd_helpers.loops import fit
 from vcd_helpers.results import COMMITTED_RESULTS, METRICS_FILE
 from vcd_helpers.runs.cli import _positive_int, config_from_options
 from vcd_helpers.runs.logs import window_means
-from vcd_helpers.runs.plan import PLAN
+from vcd_helpers.plan import PLAN
 from vcd_helpers.seeds import fold_in
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.variance import g_terms

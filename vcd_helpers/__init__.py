@@ -11,12 +11,13 @@ written with TensorFlow 2 and TensorFlow Probability. Modules, bottom to top:
 - ``loops``, ``variance``: many steps per host call and the loop around them; the estimator's variance;
 - ``pipeline``, ``distributed``: the VCD step pipelined over devices, or replicated;
 - ``trainers``: ``build_trainer``, the one way to build a trainer for any of those executions;
-- ``results``, ``analysis``: a results directory's files and their readers; finished runs compared;
+- ``results``, ``analysis``, ``plan``: a results directory's files and their readers; finished runs compared;
+  the long runs the book reports, and the paper's number they are held to;
 - ``bench``, ``timing``, ``plots``, ``widgets``, ``notebook``: timings, figures, explorers, the chapters' helpers.
 
 On top of the library, and never imported by it: ``runs``, the run service (``python -m
 vcd_helpers train | evaluate | bench``, results directories that survive interruptions, the
-long runs' plan and runner).
+runner of the long runs' plan).
 
 Importing the package first imports TensorFlow quietly (see ``_quiet``): TensorFlow 2.21 prints
 its start-up log lines to file descriptor 2 before any log-level setting applies, and Jupyter

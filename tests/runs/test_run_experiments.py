@@ -17,7 +17,7 @@ import pytest
 from vcd_helpers.runs import runner
 from vcd_helpers.runs.cli import config_from_options
 from vcd_helpers.runs.directory import RunDirectory
-from vcd_helpers.runs.plan import PLAN
+from vcd_helpers.plan import PLAN
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -45,7 +45,7 @@ from vcd_helpers.results import (CHECKPOINT_DIR, COMMITTED_RESULTS as RESULTS, C
                                  finished_results, read_config, read_text)
 from vcd_helpers.runs.cli import SUPERVISOR_ENV, config_from_options
 from vcd_helpers.runs.directory import RunDirectory, checkpoint_steps
-from vcd_helpers.runs.plan import PLAN, PlannedRun
+from vcd_helpers.plan import PLAN, PlannedRun
 
 #: The repository the runs' code is exported from (a snapshot of its last commit).
 ROOT = RESULTS.parent

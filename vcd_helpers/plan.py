@@ -1,8 +1,9 @@
-"""The plan of the long runs behind chapter 8, in priority order.
+"""The plan of the long runs behind chapters 8 and 9, in priority order, and the paper's number
+they are held to.
 
 Each ``PlannedRun`` is one training command (``python -m vcd_helpers train`` with its options) into a
-results directory of its name; ``runner`` runs the plan and chapter 8 reports
-it, including which runs have not finished.
+results directory of its name; the run service's ``runner`` runs the plan, and the chapters report
+it, including which runs have not finished. It is data the chapters read, so it lives in the library.
 """
 
 from __future__ import annotations
