@@ -7,11 +7,13 @@ calling them. Used by notebooks only; nothing in the package imports this module
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import inspect
 import os
 import platform
 import sys
+import textwrap
 
 from IPython.display import HTML, Code
 
@@ -23,9 +25,40 @@ WATERMARK_PACKAGES = ("tensorflow", "tensorflow-probability", "keras", "numpy", 
                       "ipywidgets", "jupyter-book", "vcd_helpers")
 
 
-def show_source(obj: object) -> Code:
-    """The source of a function, class or module from the package, syntax-highlighted."""
-    return Code(inspect.getsource(obj), language="python")
+def source_lines(obj: object, *, docstring: bool = True, between: tuple[str, str] | None = None) -> str:
+    """The source of the function ``obj`` as text, optionally cut down to its essential lines.
+
+    ``docstring=False`` drops its docstring. ``between=(first, last)`` keeps the signature, then
+    only the lines from the first one containing ``first`` to the first one after it containing
+    ``last`` (both kept), with ``...`` lines standing for what is left out. Raises ValueError when
+    a marker is not found, so that a listing cannot silently go stale."""
+    lines = inspect.getsource(obj).splitlines()
+    node = ast.parse(textwrap.dedent("\n".join(lines))).body[0]
+    first_body = node.body[0]
+    head, rest = lines[:first_body.lineno - 1], lines[first_body.lineno - 1:]
+    has_docstring = (isinstance(first_body, ast.Expr) and isinstance(first_body.value, ast.Constant)
+                     and isinstance(first_body.value.value, str))
+    if not docstring and has_docstring:
+        rest = rest[first_body.end_lineno - first_body.lineno + 1:]
+    if between is not None:
+        first, last = between
+        try:
+            start = next(k for k, line in enumerate(rest) if first in line)
+            stop = next(k for k in range(start, len(rest)) if last in rest[k])
+        except StopIteration:
+            raise ValueError(f"{getattr(obj, '__qualname__', obj)}: no lines from {first!r} to {last!r}") from None
+        indent = " " * (len(rest[start]) - len(rest[start].lstrip()))
+        rest = ([indent + "..."] if start > 0 else []) + rest[start: stop + 1] + (
+            [indent + "..."] if stop + 1 < len(rest) else [])
+    return "\n".join(head + rest) + "\n"
+
+
+def show_source(obj: object, *, docstring: bool = True, between: tuple[str, str] | None = None) -> Code:
+    """The source of a function, class or module from the package, syntax-highlighted; for a
+    function, ``docstring`` and ``between`` cut it to its essential lines (``source_lines``)."""
+    if docstring and between is None:
+        return Code(inspect.getsource(obj), language="python")
+    return Code(source_lines(obj, docstring=docstring, between=between), language="python")
 
 
 def _machines(timed: object) -> list[MachineLoad]:

@@ -61,9 +61,9 @@ def half_standardised_square(z: tf.Tensor, loc: tf.Tensor, scale: tf.Tensor) -> 
 def pathwise_log_joint(z0: tf.Tensor, log_joint_z0: tf.Tensor, grad_z0: tf.Tensor) -> tf.Tensor:
     """log p(x, z0) [B] rebuilt from its value and gradient, so that it differentiates through z0
     [B, D] by the chain rule without another decoder pass: log p(x, z0) + grad_z0 . (z0 - stop(z0)),
-    whose value is log p(x, z0) and whose gradient is grad_z0 . dz0/dtheta. log_joint_z0 [B] and
-    grad_z0 [B, D] are what the HMC chain evaluated at its start (``HMCResult.initial_log_prob``,
-    ``initial_gradient``)."""
+    whose value is log p(x, z0) and whose gradient is grad_z0 . dz0/dphi (phi: the encoder's
+    parameters). log_joint_z0 [B] and grad_z0 [B, D] are what the HMC chain evaluated at its start
+    (``HMCResult.initial_log_prob``, ``initial_gradient``)."""
     return (tf.stop_gradient(log_joint_z0)
             + tf.reduce_sum(tf.stop_gradient(grad_z0) * (z0 - tf.stop_gradient(z0)), axis=-1))
 
@@ -80,8 +80,8 @@ def encoder_surrogate_loss(loc: tf.Tensor, scale: tf.Tensor, z0: tf.Tensor, zT: 
 
     The pathwise term needs log p(x, z0) and its gradient in z0, which the HMC chain has already
     evaluated at its start (``HMCResult.initial_log_prob``, ``initial_gradient``): by the chain
-    rule, d/dtheta of -log p(x, z0(theta)) is -grad_z0 . dz0/dtheta, which
-    ``pathwise_log_joint`` gives without a second decoder pass at z0.
+    rule, d/dphi of -log p(x, z0(phi)) is -grad_z0 . dz0/dphi (phi: the encoder's parameters),
+    which ``pathwise_log_joint`` gives without a second decoder pass at z0.
 
     Args:
       loc, scale: the encoder's outputs [B, D], differentiable.
