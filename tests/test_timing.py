@@ -181,15 +181,16 @@ def test_a_verdict_reads_as_a_clause_for_the_prose():
     slower = timing.RatioInterval(1.84, 1.80, 1.90, 0.95, 10)
     faster = timing.RatioInterval(0.5, 0.4, 0.6, 0.95, 10)
     same = timing.RatioInterval(0.99, 0.97, 1.02, 0.95, 10)
-    assert slower.phrase("eager", "XLA") == "eager is resolved as slower than XLA (1.840 x, interval [1.800, 1.900])"
-    assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is resolved as faster than k = 1 (0.500 x")
+    assert slower.phrase("eager", "XLA") == \
+        "eager is slower than XLA (1.840 x the time, interval [1.800, 1.900], clear of 1)"
+    assert faster.phrase("k = 10", "k = 1").startswith("k = 10 is faster than k = 1 (0.500 x the time")
     assert same.phrase("k = 10", "k = 1") == \
-        "no difference between k = 10 and k = 1 is resolved (0.990 x, interval [0.970, 1.020])"
+        "k = 10 and k = 1 do not differ beyond the noise (0.990 x the time, interval [0.970, 1.020], which includes 1)"
     much_faster = timing.RatioInterval(0.0123, 0.0121, 0.0125, 0.95, 10)  # not "0.01 x, interval [0.01, 0.01]"
-    assert much_faster.phrase("XLA", "eager").endswith("(0.012 x, interval [0.012, 0.013])")
+    assert much_faster.phrase("XLA", "eager").endswith("(0.012 x the time, interval [0.012, 0.013], clear of 1)")
     # A narrow interval is not printed as a point (a reader took [1.02, 1.02] for no spread at all).
     narrow = timing.RatioInterval(1.0213, 1.0211, 1.0214, 0.95, 10)
-    assert narrow.phrase("a", "b").endswith("(1.0213 x, interval [1.0211, 1.0214])")
+    assert narrow.phrase("a", "b").endswith("(1.0213 x the time, interval [1.0211, 1.0214], clear of 1)")
 
 
 @pytest.mark.parametrize("interval, shown", [

@@ -223,16 +223,16 @@ class RatioInterval:
         return "slower" if self.low > 1.0 else "faster"
 
     def phrase(self, variant: str, baseline: str) -> str:
-        """The verdict as a clause for the prose, e.g. "eager is resolved as slower than XLA
-        (1.840 x, interval [1.800, 1.900])" or "no difference between k = 10 and k = 1 is
-        resolved (0.990 x, interval [0.970, 1.020])"; the digits are ``numbers``'."""
+        """The verdict as a clause for the prose, e.g. "eager is slower than XLA (1.840 x the time,
+        interval [1.800, 1.900], clear of 1)" or "k = 10 and k = 1 do not differ beyond the noise
+        (0.990 x the time, interval [0.970, 1.020], which includes 1)"; the digits are ``numbers``'."""
         if self.is_baseline:
             return f"{variant} is the baseline"
         ratio, low, high = self.numbers()
-        numbers = f"({ratio} x, interval [{low}, {high}])"
         if not self.differs:
-            return f"no difference between {variant} and {baseline} is resolved {numbers}"
-        return f"{variant} is resolved as {self.verdict} than {baseline} {numbers}"
+            return (f"{variant} and {baseline} do not differ beyond the noise ({ratio} x the time, "
+                    f"interval [{low}, {high}], which includes 1)")
+        return f"{variant} is {self.verdict} than {baseline} ({ratio} x the time, interval [{low}, {high}], clear of 1)"
 
     def numbers(self, minimum_decimals: int = 3) -> tuple[str, str, str]:
         """The ratio and its interval as text, with the decimals they need: at least two
