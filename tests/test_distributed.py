@@ -1,4 +1,4 @@
-"""vcd_helpers.distributed: strategies, replicated VCD and locally launched workers.
+"""vcd_helpers.distributed: strategies and replicated VCD (the local worker launcher: tests/runs/test_workers.py).
 
 The process's CPU is split into four logical devices by conftest.py (before TensorFlow starts),
 so a replica per device runs here as it would on several accelerators.
@@ -18,18 +18,7 @@ from vcd_helpers.loops import fit
 from vcd_helpers.trainers import build_trainer
 from vcd_helpers.training import accumulate_gradients, max_relative_error
 
-STAGE_DEVICES = ("/CPU:1", "/CPU:2", "/CPU:3")
-# min_scale 0.1 keeps the untrained encoder's scales away from the floor, where g is huge.
-SMALL = dict(batch_size=24, train_examples=240, model={"min_scale": 0.1}, hmc={"num_iterations": 2, "num_leapfrog_steps": 1},
-             control_variate={"kind": "local"}, optimizer={"learning_rate": 5e-4})
-
-
-@pytest.fixture(scope="module")
-def batch():
-    config = load_config("default").replace(**SMALL)
-    images = load_binarized_mnist("train")[:240]
-    index, x = next(iter(indexed_batches(images, 24, seed=0)))
-    return config, index, x
+from test_pipeline import STAGE_DEVICES, batch  # the same small VCD batch on the same devices (tests/ is on the path)
 
 
 @pytest.mark.slow

@@ -414,6 +414,22 @@ def test_an_infinite_spread_is_written_as_valid_json():
     json.dumps(record, allow_nan=False)
 
 
+def _count_computed_batches(monkeypatch) -> list[int]:
+    """The batches the final evaluation computes from here on (not taken from its saved ones),
+    appended to the returned list as they are computed."""
+    computed = []
+    real_evaluator = run_evaluation.make_evaluator
+
+    def counting_evaluator(*args):
+        evaluate = real_evaluator(*args)
+
+        def counted(images, seed, *, done, on_batch):
+            return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
+        return counted
+    monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
+    return computed
+
+
 def test_a_run_that_diverges_without_nan_is_flagged(tmp_path, config_file):
     # Learning rate 30 throws the weights far out: the losses reach ~1e18 without becoming NaN.
     config = load_config(config_file, optimizer={"learning_rate": 30.0})
@@ -493,14 +509,7 @@ def test_an_evaluation_killed_between_batches_resumes_with_the_same_numbers(tmp_
     assert saved == ["batch-00000.npz", "batch-00001.npz"]
     monkeypatch.undo()
 
-    computed = []
-    real_evaluator = run_evaluation.make_evaluator
-    def counting_evaluator(*args):
-        evaluate = real_evaluator(*args)
-        def counted(images, seed, *, done, on_batch):
-            return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
-        return counted
-    monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
+    computed = _count_computed_batches(monkeypatch)
     resumed = run_evaluation.evaluate_run(run, batch_size=5)
     assert computed == [2, 3]
     name = "evaluation-hmc_moments-S50-N20"
@@ -543,14 +552,7 @@ def test_a_failure_after_the_final_evaluation_keeps_its_batches(tmp_path, finish
     monkeypatch.undo()
     assert sorted(path.name for path in (run / "partial").glob("*/batch-*.npz")), "the evaluation's batches were lost"
 
-    computed = []
-    real_evaluator = run_evaluation.make_evaluator
-    def counting_evaluator(*args):
-        evaluate = real_evaluator(*args)
-        def counted(images, seed, *, done, on_batch):
-            return evaluate(images, seed, done=done, on_batch=lambda k, e: (computed.append(k), on_batch(k, e)))
-        return counted
-    monkeypatch.setattr(run_evaluation, "make_evaluator", counting_evaluator)
+    computed = _count_computed_batches(monkeypatch)
     results = train_run(load_config(run / "config.json", execution={"jit_compile": False}), run, progress=False)
     assert computed == []  # every batch came from the saved ones
     _same_numbers(results, finished[1])
