@@ -195,7 +195,11 @@ class ControlVariateConfig:
 class EvaluationConfig:
     """Importance-sampled log-likelihood: proposal, sample count, and the HMC that builds it.
 
-    ``num_examples`` of ``None`` means the whole split.
+    ``num_examples`` of ``None`` means the whole split. The defaults are the paper's protocol: one
+    chain per image from the encoder mean, a step size shared by a batch. ``num_starts`` = M > 1
+    runs M chains per image (the first from the encoder mean, the others from draws of the encoder)
+    and makes the proposal the equal-weight mixture of their widened Gaussians;
+    ``step_size_per_chain`` lets each chain adapt a step size of its own (``robust``: both).
     """
 
     split: str = "test"
@@ -207,6 +211,8 @@ class EvaluationConfig:
     kept: int = 300
     num_examples: int | None = None
     batch_size: int = 500
+    num_starts: int = 1
+    step_size_per_chain: bool = False
 
     def __post_init__(self) -> None:
         check_one_of("evaluation.split", self.split, EVAL_SPLITS)
@@ -222,6 +228,17 @@ class EvaluationConfig:
                 _fail("evaluation.num_examples", self.num_examples,
                       f"the {self.split} split has {SPLIT_SIZES[self.split]} images")
         check_positive_int("evaluation.batch_size", self.batch_size)
+        check_positive_int("evaluation.num_starts", self.num_starts)
+        if not isinstance(self.step_size_per_chain, bool):
+            _fail("evaluation.step_size_per_chain", self.step_size_per_chain, "must be true or false")
+        if self.proposal == "encoder" and (self.num_starts > 1 or self.step_size_per_chain):
+            changed = "num_starts" if self.num_starts > 1 else "step_size_per_chain"
+            _fail(f"evaluation.{changed}", getattr(self, changed),
+                  "the encoder proposal runs no chain: use an HMC proposal (hmc_mean, hmc_moments)")
+
+    def robust(self, num_starts: int = 4) -> "EvaluationConfig":
+        """This protocol with ``num_starts`` chains per image, each adapting its own step size."""
+        return dataclasses.replace(self, num_starts=num_starts, step_size_per_chain=True)
 
 
 #: The learning curve's evaluation while a run trains: the paper's proposal and HMC, on a fixed

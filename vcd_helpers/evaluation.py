@@ -10,6 +10,9 @@ Proposals r, all diagonal Gaussians with their scale widened by c = 1.2:
 - ``encoder``:     N(mu_q, (1.2 sigma_q)^2);
 - ``hmc_mean``:    N(HMC mean, (1.2 sigma_q)^2);
 - ``hmc_moments``: N(HMC mean, (1.2 HMC std)^2), the one the authors report.
+With ``num_starts`` = M > 1 chains per image the HMC proposals are the equal-weight mixture of
+the M chains' widened Gaussians (``proposal_distribution``): a chain that stops in a worse mode
+of a multimodal posterior no longer decides the estimate alone.
 Widening is a margin, not a guarantee: the weights' variance is finite only where the proposal's
 tails are heavier than the posterior's in every direction, and a widened Gaussian still has
 Gaussian tails. The weights' effective sample size S_eff (``return_effective_sample_size``)
@@ -26,6 +29,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 from vcd_helpers.config import EvaluationConfig, HMCConfig, check_non_negative_int, check_positive_int, check_positive_number
 from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_rate, mean_over_iterations,
@@ -33,6 +37,8 @@ from vcd_helpers.hmc import (HamiltonianMonteCarlo, StepSizeAdaptation, accept_r
 from vcd_helpers.model import VAE
 from vcd_helpers.objectives import posterior_distribution
 from vcd_helpers.seeds import SeedLike, fold_in, split_seed
+
+tfd = tfp.distributions
 
 LogJointFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -52,7 +58,7 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
     Args:
       log_joint_fn: (x [B, ...], z [C, B, D]) -> log p(x, z) [C, B].
       x: the observations, [B, ...].
-      proposal_loc, proposal_scale: [B, D].
+      proposal_loc, proposal_scale: [B, D], or [M, B, D] for a mixture (``proposal_distribution``).
       num_samples: S; chunk_size: samples scored at once (the last chunk may be partial).
       return_effective_sample_size: also return S_eff [B].
     Returns: [B] estimates, or ([B] estimates, [B] S_eff).
@@ -62,10 +68,10 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
     check_positive_int("chunk_size", chunk_size)
     chunk_size = min(chunk_size, num_samples)
     num_chunks = -(-num_samples // chunk_size)
-    proposal = posterior_distribution(proposal_loc, proposal_scale)
+    proposal = proposal_distribution(proposal_loc, proposal_scale)
     chunk_seeds = split_seed(seed, num_chunks)
     dtype = proposal_loc.dtype
-    batch = tf.shape(proposal_loc)[0]
+    batch = tf.shape(proposal_loc)[-2]
 
     def body(c, running_max, running_sum, *running_squares):
         z = proposal.sample(chunk_size, seed=chunk_seeds[c])                     # [C, B, D]
@@ -90,6 +96,17 @@ def importance_sampled_log_likelihood(log_joint_fn: LogJointFn, x: tf.Tensor, pr
         return log_likelihood
     # (sum w)^2 / sum w^2: the common factor max^2 cancels.
     return log_likelihood, tf.square(running_sum) / running_squares[0]
+
+
+def proposal_distribution(loc: tf.Tensor, scale: tf.Tensor) -> tfd.Distribution:
+    """N(loc, diag(scale^2)) per example for loc, scale [B, D]; for [M, B, D], the equal-weight
+    mixture of the M Gaussians of each example, r(z) = (1/M) sum_m N(z; loc_m, scale_m^2). Either
+    way batch shape [B], event [D]: samples [C, B, D], log_prob [C, B]."""
+    if loc.shape.rank == 2:
+        return posterior_distribution(loc, scale)
+    components = posterior_distribution(tf.transpose(loc, [1, 0, 2]), tf.transpose(scale, [1, 0, 2]))  # [B, M]
+    weights = tfd.Categorical(logits=tf.zeros([tf.shape(loc)[1], tf.shape(loc)[0]], loc.dtype))  # [B], M each
+    return tfd.MixtureSameFamily(weights, components)
 
 
 class PosteriorChain(NamedTuple):
@@ -154,25 +171,49 @@ def hmc_posterior_chain(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, st
 
 def hmc_posterior_moments(model: VAE, x: tf.Tensor, *, burn_in: int, kept: int, step_size: float,
                           num_leapfrog_steps: int, seed: SeedLike, target_accept_rate: float = HMCConfig.target_accept_rate,
-                          adaptation_rate: float = HMCConfig.adaptation_rate) -> tuple[tf.Tensor, tf.Tensor]:
+                          adaptation_rate: float = HMCConfig.adaptation_rate, num_starts: int = 1,
+                          step_size_per_chain: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
     """Mean and standard deviation [B, D] of ``kept`` HMC states of p(z | x), after ``burn_in``
-    adapting iterations, with every chain started at the encoder mean (``hmc_posterior_chain``)."""
+    adapting iterations, with every chain started at the encoder mean (``hmc_posterior_chain``).
+
+    With ``num_starts`` = M > 1, M chains per image, the first from the encoder mean and the
+    others from draws of the encoder's q0(z | x): mean and standard deviation [M, B, D], one per
+    chain. ``step_size_per_chain``: each chain adapts a step size of its own during the burn-in
+    (from its own acceptances) instead of one shared by the batch.
+    Raises: ValueError if num_starts is not a positive integer (and as ``hmc_posterior_chain``).
+    """
+    check_positive_int("num_starts", num_starts)
+    initial_state = None
+    if num_starts > 1:  # the extra draw only then: one start keeps the paper protocol's seeds
+        start_seed, seed = tf.unstack(split_seed(seed, 2))
+        loc, scale = model.encoder(x)
+        draws = posterior_distribution(loc, scale).sample(num_starts - 1, seed=start_seed)  # [M - 1, B, D]
+        initial_state = tf.reshape(tf.concat([loc[None], draws], axis=0), [-1, loc.shape[-1]])
+        x = tf.tile(x, [num_starts, 1])  # chain m of image b is row m B + b
+    if step_size_per_chain:
+        check_positive_number("step_size", step_size)
+        step_size = tf.fill([tf.shape(x)[0], 1], tf.constant(step_size, x.dtype))
     states = hmc_posterior_chain(model, x, burn_in=burn_in, kept=kept, step_size=step_size,
-                                 num_leapfrog_steps=num_leapfrog_steps, seed=seed,
+                                 num_leapfrog_steps=num_leapfrog_steps, seed=seed, initial_state=initial_state,
                                  target_accept_rate=target_accept_rate, adaptation_rate=adaptation_rate).kept_states
-    return tf.reduce_mean(states, axis=0), tf.math.reduce_std(states, axis=0)
+    mean, std = tf.reduce_mean(states, axis=0), tf.math.reduce_std(states, axis=0)
+    if num_starts == 1:
+        return mean, std
+    return tf.reshape(mean, [num_starts, -1, mean.shape[-1]]), tf.reshape(std, [num_starts, -1, std.shape[-1]])
 
 
 def proposal_for(model: VAE, x: tf.Tensor, evaluation: EvaluationConfig, hmc: HMCConfig, *,
                  seed: SeedLike) -> tuple[tf.Tensor, tf.Tensor]:
-    """(loc, scale) [B, D] of the configured proposal for the examples x."""
+    """(loc, scale) [B, D] of the configured proposal for the examples x; [M, B, D], the
+    components of a mixture (``proposal_distribution``), with ``evaluation.num_starts`` = M > 1."""
     loc, scale = model.encoder(x)
     if evaluation.proposal == "encoder":
         return loc, evaluation.widen * scale
     mean, std = hmc_posterior_moments(model, x, burn_in=evaluation.burn_in, kept=evaluation.kept,
-                                      step_size=hmc.initial_step_size, seed=seed, **hmc.kernel_arguments())
+                                      step_size=hmc.initial_step_size, seed=seed, num_starts=evaluation.num_starts,
+                                      step_size_per_chain=evaluation.step_size_per_chain, **hmc.kernel_arguments())
     if evaluation.proposal == "hmc_mean":
-        return mean, evaluation.widen * scale
+        return mean, evaluation.widen * tf.broadcast_to(scale, tf.shape(mean))
     # A chain that never moved has zero spread; the model's scale floor keeps the proposal proper.
     return mean, evaluation.widen * tf.maximum(std, model.config.min_scale)
 

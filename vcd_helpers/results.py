@@ -72,9 +72,12 @@ CURVE_STRINGS = ("proposal",)
 
 
 def evaluation_file_name(evaluation: EvaluationConfig) -> str:
-    """evaluation-PROPOSAL-S{samples}-N{examples}.json: one file per protocol."""
+    """evaluation-PROPOSAL[-M{starts}][-per_chain]-S{samples}-N{examples}.json: one file per protocol
+    (the paper's, one start and a shared step size, has neither tag)."""
     examples = evaluation.num_examples or "all"
-    return f"evaluation-{evaluation.proposal}-S{evaluation.num_samples}-N{examples}.json"
+    starts = f"-M{evaluation.num_starts}" if evaluation.num_starts > 1 else ""
+    per_chain = "-per_chain" if evaluation.step_size_per_chain else ""
+    return f"evaluation-{evaluation.proposal}{starts}{per_chain}-S{evaluation.num_samples}-N{examples}.json"
 
 
 class RunDirectoryError(RuntimeError):

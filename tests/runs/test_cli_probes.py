@@ -88,6 +88,10 @@ PROBES = [
     ("evaluate", "{root}/absent", {}, "absent"),
     ("evaluate", "{finished} --temperatures 5", {}, "--temperatures is invalid without --ais"),
     ("evaluate", "{finished} --ais --samples 3", {}, "--samples is invalid with --ais"),
+    ("evaluate", "{finished} --ais --starts 4", {}, "--starts is invalid with --ais"),
+    ("evaluate", "{finished} --ais --step-size-per-chain", {}, "--step-size-per-chain is invalid with --ais"),
+    ("evaluate", "{finished} --starts 0", {}, "argument --starts: '0' is invalid"),
+    ("evaluate", "{finished} --proposal encoder --starts 4", {}, "num_starts=4 is invalid: the encoder proposal runs no chain"),
     ("evaluate", "{finished} --ais --temperatures 0", {}, "argument --temperatures: '0' is invalid"),
     ("evaluate", "{finished} --ais --chains -3", {}, "argument --chains: '-3' is invalid"),
     ("evaluate", "{finished} --examples 999999", {}, "num_examples=999999 is invalid: the test split has 10000"),
@@ -211,10 +215,11 @@ def test_evaluate_passes_only_the_options_given(place, monkeypatch, capsys):
     saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         assert main(["evaluate", str(place["finished"]), "--samples", "7"]) == 0
+        assert main(["evaluate", str(place["finished"]), "--starts", "4", "--step-size-per-chain"]) == 0
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-    assert calls == [{"num_samples": 7}]
+    assert calls == [{"num_samples": 7}, {"num_starts": 4, "step_size_per_chain": True}]
 
 
 def test_the_runner_names_why_it_refuses_a_run(tmp_path, monkeypatch):

@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--samples", type=_positive_int, help="importance samples per image (default: the run's)")
     evaluate.add_argument("--examples", type=_positive_int, help="the first N images of the split (default: the "
                                                                 f"run's; with --ais, {AIS_EXAMPLES})")
+    evaluate.add_argument("--starts", type=_positive_int,
+                          help="HMC chains per image, the first from the encoder mean, the others from encoder "
+                               "draws; the proposal is the mixture over them (default: the run's, 1 in the paper)")
+    evaluate.add_argument("--step-size-per-chain", action="store_true", default=None,
+                          help="each evaluation chain adapts its own step size (the paper: one per batch)")
     evaluate.add_argument("--ais", action="store_true",
                           help="annealed importance sampling instead: an independent check of the estimate")
     evaluate.add_argument("--temperatures", type=_positive_int,
@@ -130,8 +135,9 @@ def _parser() -> argparse.ArgumentParser:
 def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse options that the chosen mode would ignore (argparse's exit 2, naming them)."""
     if args.command == "evaluate":
-        unused = (["--proposal", "--samples"] if args.ais else ["--temperatures", "--chains"])
-        given = [name for name in unused if getattr(args, name[2:]) is not None]
+        unused = (["--proposal", "--samples", "--starts", "--step-size-per-chain"] if args.ais
+                  else ["--temperatures", "--chains"])
+        given = [name for name in unused if getattr(args, name[2:].replace("-", "_")) is not None]
         if given:
             parser.error(f"evaluate: {' and '.join(given)} {'is' if len(given) == 1 else 'are'} invalid "
                          + ("with --ais: AIS draws no importance samples" if args.ais
@@ -349,7 +355,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         given = {"num_examples": args.examples, "num_temperatures": args.temperatures, "num_chains": args.chains}
         record = evaluate_run_ais(args.results, **{k: v for k, v in given.items() if v is not None})
     else:
-        given = {"proposal": args.proposal, "num_samples": args.samples, "num_examples": args.examples}
+        given = {"proposal": args.proposal, "num_samples": args.samples, "num_examples": args.examples,
+                 "num_starts": args.starts, "step_size_per_chain": args.step_size_per_chain}
         record = evaluate_run(args.results, **{k: v for k, v in given.items() if v is not None})
     print(json.dumps(record, indent=2))
     return 0
