@@ -55,3 +55,13 @@ def test_a_metric_mean_covers_the_rows_of_its_epochs():
     assert run.metric_mean("accept_rate", 0, 1) == pytest.approx(accept[steps <= 500].mean())
     with pytest.raises(ValueError, match=r"epochs \(100, 101\] hold no metrics row"):
         run.metric_mean("accept_rate", 100, 101)
+
+
+def test_a_committed_robust_evaluation_reads_back_by_its_settings():
+    run = analysis.load_run(COMMITTED_RESULTS / "vcd_scheduled_e800_s0")
+    robust = run.evaluation(num_starts=4, step_size_per_chain=True, num_examples=1000)
+    assert robust["num_examples"] == 1000 and robust["per_example"].shape == (1000,)
+    # Not the paper's estimates of the same images: another file, other numbers.
+    assert not np.array_equal(robust["per_example"], run.per_example[:1000])
+    with pytest.raises(FileNotFoundError, match="num_starts=7"):
+        run.evaluation(num_starts=7, step_size_per_chain=True, num_examples=1000)

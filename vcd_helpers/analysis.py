@@ -85,17 +85,22 @@ class FinishedRun:
     def epochs(self) -> float:
         return self.config.num_steps / self.config.steps_per_epoch
 
-    def evaluation(self, proposal: str = "hmc_moments") -> dict[str, Any]:
-        """The final test log-likelihood record with ``proposal`` (the configured one is in
-        results.json; the others in evaluation-*.json), with its per-image estimates under
-        'per_example' when stored."""
+    def evaluation(self, proposal: str = "hmc_moments", **protocol: Any) -> dict[str, Any]:
+        """The final test log-likelihood record with ``proposal`` and the other fields of
+        ``EvaluationConfig`` in ``protocol`` (e.g. ``num_starts=4, step_size_per_chain=True,
+        num_examples=1000``): the configured protocol's is in results.json, the others in
+        evaluation-*.json (``evaluation_file_name``); its per-image estimates under 'per_example'
+        when stored. Raises FileNotFoundError naming the command that makes a missing one."""
         record = self.results["test_log_likelihood"]
-        if record["proposal"] == proposal:
+        if record["proposal"] == proposal and not protocol:
             return record | {"per_example": self.per_example}
-        path = self.path / evaluation_file_name(self.config.replace(evaluation={"proposal": proposal}).evaluation)
+        path = self.path / evaluation_file_name(
+            self.config.replace(evaluation={"proposal": proposal, **protocol}).evaluation)
         if not path.exists():
-            raise FileNotFoundError(f"{path}: run {self.name} has no evaluation with proposal {proposal!r}; "
-                                    f"make it with: python -m vcd_helpers evaluate {self.path} --proposal {proposal}")
+            options = "".join(f" {name}={value!r}" for name, value in protocol.items())
+            raise FileNotFoundError(f"{path}: run {self.name} has no evaluation with proposal {proposal!r}{options}; "
+                                    f"make it with: python -m vcd_helpers evaluate {self.path} --proposal {proposal} "
+                                    "(see its --help for the other settings)")
         estimates = path.with_suffix(".npy")
         return read_json_object(path) | {"per_example": read_array(estimates) if estimates.exists() else None}
 
