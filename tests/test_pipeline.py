@@ -6,6 +6,8 @@ so a stage or replica per device runs here as it would on four accelerators.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -64,6 +66,7 @@ def test_execution_order_respects_data_and_device_order(schedule):
             assert Task("F", task.stage, task.micro_batch) in seen
             if task.stage < 2:
                 assert Task("B", task.stage + 1, task.micro_batch) in seen
+        assert all(d in seen for d in pipeline._inputs(task))  # the step's graph is built in this order
         seen.add(task)
     for stage, device_order in enumerate(pipeline.device_orders(schedule, 3, 5)):
         assert [t for t in order if t.stage == stage] == device_order
@@ -82,6 +85,30 @@ def test_execution_order_respects_data_and_device_order(schedule):
 def test_bad_pipeline_configs_are_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         PipelineConfig(**overrides)
+
+
+def test_each_task_of_the_step_reads_exactly_its_listed_inputs(batch, monkeypatch):
+    # The chain's backward sends its first evaluation, computed in its forward: it reads no later
+    # stage, unlike a network's backward (which _ordering_dependencies models).
+    reads = {(kind, stage): [(d.kind, d.stage) for d in pipeline._inputs(Task(kind, stage, 7))]
+             for kind in "FB" for stage in range(3)}
+    assert reads == {("F", 0): [], ("F", 1): [("F", 0)], ("F", 2): [("F", 1)], ("B", 2): [("F", 2), ("F", 1)],
+                     ("B", 1): [("F", 1)], ("B", 0): [("F", 0), ("F", 1), ("B", 1), ("B", 2)]}
+    assert all(d.micro_batch == 7 for kind in "FB" for stage in range(3)
+               for d in pipeline._inputs(Task(kind, stage, 7)))
+    # The step hands each task only these: without any one of them, building the step fails.
+    config, _, x = batch
+    trainer = build_trainer(config.replace(execution={"pipeline": PipelineConfig(
+        schedule="sequential", micro_batch_size=24, gradient_accumulation=1, devices=STAGE_DEVICES),
+        "jit_compile": False}))
+    listed = pipeline._inputs
+    for (kind, stage), inputs in reads.items():
+        for dropped in inputs:
+            monkeypatch.setattr(pipeline, "_inputs", lambda task: [d for d in listed(task) if (
+                (task.kind, task.stage) != (kind, stage) or (d.kind, d.stage) != dropped)])
+            step = tf.function(lambda: trainer.estimate_gradients_pipelined(x, tf.zeros([24]), tf.constant([1, 2])))
+            with pytest.raises(KeyError, match=re.escape(repr(dropped))):
+                step.get_concrete_function()
 
 
 def test_pipeline_must_see_the_configured_batch_on_existing_devices(batch):
@@ -143,25 +170,27 @@ def _stamps(graph: tf.Graph) -> list[tf.Operation]:
     return [op for op in graph.get_operations() if op.type == "Timestamp"]
 
 
-def test_the_stamps_order_each_device_alone_and_stay_out_of_the_training_step(batch):
+@pytest.mark.parametrize("schedule", ["sequential", "interleaved"])
+def test_a_start_stamp_waits_for_its_device_and_its_inputs_and_nothing_else(batch, schedule):
     # tf.function chains every stateful op without a variable into one total order: stamps traced
     # there would make each task wait for the last task's end stamp on any device, serialising the
     # pipeline it measures (they did: the real timelines never overlapped). Traced without automatic
-    # control dependencies, a stamp waits only for its own device's previous task.
+    # control dependencies, a start stamp waits for the end of its device's previous task (any
+    # previous task, for sequential) and of the tasks it reads: a task starts when it can run.
     config, _, x = batch
     trainer = build_trainer(config.replace(execution={"pipeline": PipelineConfig(
-        schedule="interleaved", micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES),
+        schedule=schedule, micro_batch_size=8, gradient_accumulation=3, devices=STAGE_DEVICES),
         "jit_compile": False}))
     baseline, seed = tf.zeros([24]), tf.constant([1, 2], tf.int64)
-    graph = trainer._stamped_estimate(x, baseline, seed).graph
-    stamps = _stamps(graph)
-    assert len(stamps) == 2 * 18
-    crossing = [(op.name, c.name) for op in stamps for c in op.control_inputs
-                if c.type == "Timestamp" and c.device != op.device]
-    assert not crossing, crossing
-    assert len({op.device for op in stamps}) == 3
+    stamps = _stamps(trainer._stamped_estimate(x, baseline, seed).graph)
+    assert len(stamps) == 2 * 18 and len({op.device for op in stamps}) == 3
+    start, end = dict(zip(trainer.order, stamps[0::2])), dict(zip(trainer.order, stamps[1::2]))  # in creation order
+    for k, task in enumerate(trainer.order):
+        before = [t for t in trainer.order[:k] if schedule == "sequential" or t.stage == task.stage]
+        waits_for = {end[t].name for t in before[-1:] + pipeline._inputs(task)}
+        assert {op.name for op in start[task].control_inputs} == waits_for, task
     step_graph = trainer.train_step.get_concrete_function(tf.TensorSpec([24], tf.int32), x).graph
-    assert not [op for op in step_graph.get_operations() if op.type == "Timestamp"]
+    assert not _stamps(step_graph)  # the training step carries no stamps
 
 
 def test_a_timed_step_changes_the_state_as_a_training_step_does(batch):
@@ -178,6 +207,12 @@ def test_a_timed_step_changes_the_state_as_a_training_step_does(batch):
         np.testing.assert_array_equal(a, b)
     assert int(timed.step) == 2 and float(timed.step_size) == float(plain.step_size)
     assert len(timeline.tasks) == 18 and np.all(timeline.end >= timeline.start)
+    # A task's bar starts once its device is free and its inputs exist: it covers no wait for them.
+    start, end = dict(zip(timeline.tasks, timeline.start)), dict(zip(timeline.tasks, timeline.end))
+    for task in timeline.tasks:
+        assert all(start[task] >= end[d] for d in pipeline._inputs(task)), task
+    for order in pipeline.device_orders("grouped", 3, 3):
+        assert all(start[b] >= end[a] for a, b in zip(order, order[1:]))
 
 
 def test_a_bfloat16_pipeline_multiplies_in_bfloat16_as_the_plain_estimator_does(batch, plain_sum):
@@ -245,13 +280,14 @@ def test_a_run_whose_trainer_cannot_be_built_leaves_no_directory(batch, tmp_path
 # Emulated stages: the real schedules with stand-in tasks of known duration.
 
 def _exact_span(schedule, num_stages, num_micro_batches, forward, backward):
-    """A discrete-event reference: every task starts when its device is free and its inputs exist."""
+    """A discrete-event reference: every task starts when its device is free and the tasks it is
+    ordered after have ended."""
     order = pipeline.execution_order(schedule, num_stages, num_micro_batches)
     queues = [order] if schedule == "sequential" else pipeline.device_orders(schedule, num_stages, num_micro_batches)
     end, free = {}, [0.0] * len(queues)
     for task in order:  # execution_order respects every queue's order and the dependencies
         queue = next(q for q, tasks in enumerate(queues) if task in tasks)
-        deps = [] if schedule == "sequential" else pipeline._dependencies(task, num_stages)
+        deps = [] if schedule == "sequential" else pipeline._ordering_dependencies(task, num_stages)
         end[task] = max([free[queue]] + [end[d] for d in deps]) + (forward if task.kind == "F" else backward)
         free[queue] = end[task]
     return max(end.values())
@@ -312,9 +348,9 @@ def test_emulated_schedule_runs_the_real_orders_and_dependencies(schedule):
     start = dict(zip(timeline.tasks, timeline.start))
     end = dict(zip(timeline.tasks, timeline.end))
     assert min(start.values()) == 0.0
-    for task in timeline.tasks:  # each task waited its duration, after the tasks it reads
+    for task in timeline.tasks:  # each task waited its duration, after the tasks it is ordered after
         assert end[task] - start[task] >= (forward if task.kind == "F" else backward) * 0.999
-        for dependency in pipeline._dependencies(task, num_stages):
+        for dependency in pipeline._ordering_dependencies(task, num_stages):
             assert start[task] >= end[dependency]
     for order in pipeline.device_orders(schedule, num_stages, num_micro_batches):  # each device in its order
         for before, after in zip(order, order[1:]):

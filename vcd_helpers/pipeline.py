@@ -29,7 +29,8 @@ different micro-batches cannot share an acceptance rate without serialising the 
 A *schedule* fixes the order of the tasks (forward or backward of a stage on a micro-batch) on
 each device; the step's graph enforces it with control dependencies, and TensorFlow runs tasks
 on different devices concurrently. ``timed_step`` also records ``tf.timestamp()`` when each task
-starts and ends, which gives the measured timeline (``Timeline``) of a step. Those stamps are
+starts (once its device is free and the tasks whose outputs it reads have ended) and when it
+ends, which gives the measured timeline (``Timeline``) of a step. Those stamps are
 traced without ``tf.function``'s automatic control dependencies (``tf.compat.v1.wrap_function``):
 ``tf.function`` chains every stateful op that touches no variable, ``tf.timestamp`` among them,
 into one total order, and would so serialise the very tasks the stamps time. The training step
@@ -119,8 +120,25 @@ def device_orders(schedule: str, num_stages: int, num_micro_batches: int) -> lis
     return orders
 
 
-def _dependencies(task: Task, num_stages: int) -> list[Task]:
-    """The tasks whose outputs ``task`` reads."""
+def _inputs(task: Task) -> list[Task]:
+    """The tasks whose outputs ``task`` reads in VCD's pipelined step (``estimate_gradients_pipelined``
+    hands a task these and nothing else): the chain reads z0, the decoder's forward and backward
+    read zT; the chain's backward reads only its forward (its messages are the chain's first
+    evaluation); the encoder's backward reads its forward, zT and both messages."""
+    reads = {("F", 0): [], ("F", 1): [("F", 0)], ("F", 2): [("F", 1)],
+             ("B", 2): [("F", 2), ("F", 1)], ("B", 1): [("F", 1)], ("B", 0): [("F", 0), ("F", 1), ("B", 1), ("B", 2)]}
+    return [Task(kind, stage, task.micro_batch) for kind, stage in reads[task.kind, task.stage]]
+
+
+def _ordering_dependencies(task: Task, num_stages: int) -> list[Task]:
+    """The tasks that end before ``task`` starts in the schedules' model of a pipeline, a network's: a
+    forward after the previous stage's forward, a backward after its own forward and the next
+    stage's backward (whose gradient it continues).
+
+    VCD's step reads less (``_inputs``: its chain's backward reads no later stage), and every task it
+    reads comes before it in this order, so ``execution_order`` builds the step's graph in it. The
+    emulation waits for these, and ``schedule_time`` is their exact span.
+    """
     if task.kind == "F":
         return [Task("F", task.stage - 1, task.micro_batch)] if task.stage > 0 else []
     deps = [Task("F", task.stage, task.micro_batch)]
@@ -130,7 +148,7 @@ def _dependencies(task: Task, num_stages: int) -> list[Task]:
 
 
 def execution_order(schedule: str, num_stages: int, num_micro_batches: int) -> list[Task]:
-    """All tasks in one order that respects both the data dependencies and every device's order
+    """All tasks in one order that respects both ``_ordering_dependencies`` and every device's order
     (the order in which the step's graph is built). For 'sequential' it is the order they run in.
 
     Raises ValueError if the device orders deadlock (no such order exists).
@@ -145,7 +163,8 @@ def execution_order(schedule: str, num_stages: int, num_micro_batches: int) -> l
     while len(result) < num_stages * num_micro_batches * 2:
         progressed = False
         for s in range(num_stages):
-            while position[s] < len(orders[s]) and all(d in done for d in _dependencies(orders[s][position[s]], num_stages)):
+            while position[s] < len(orders[s]) and all(
+                    d in done for d in _ordering_dependencies(orders[s][position[s]], num_stages)):
                 task = orders[s][position[s]]
                 done.add(task)
                 result.append(task)
@@ -206,7 +225,7 @@ def emulate_schedule(schedule: str, num_stages: int, num_micro_batches: int,
     """Run ``schedule`` with emulated stages whose durations are known, and measure its timeline.
 
     One host thread per stage's device walks that device's ``device_orders`` list; each task waits
-    until the tasks it reads (``_dependencies``, as in the real step) have ended, then *is* a wait
+    until the tasks it is ordered after (``_ordering_dependencies``) have ended, then *is* a wait
     of ``forward_seconds`` or ``backward_seconds`` (``time.sleep``, which releases the CPU, so the
     P devices overlap as P accelerators would, whatever the number of cores). The sequential
     schedule runs ``execution_order`` in one thread, as the real step serialises it. Durations are
@@ -226,7 +245,7 @@ def emulate_schedule(schedule: str, num_stages: int, num_micro_batches: int,
 
     def work(tasks: list[Task]) -> None:
         for task in tasks:
-            for dependency in _dependencies(task, num_stages):
+            for dependency in _ordering_dependencies(task, num_stages):
                 ended[dependency].wait()
             start = time.perf_counter()
             time.sleep((forward if task.kind == "F" else backward)[task.stage])
@@ -352,8 +371,8 @@ class PipelinedVCDTrainer(VCDTrainer):
 
     def _stamped_estimate(self, x: tf.Tensor, baseline: tf.Tensor, seed: tf.Tensor) -> Callable:
         """``estimate_gradients_pipelined`` with stamps, traced without automatic control
-        dependencies (see the module's docstring): only the schedule's own dependencies order the
-        tasks. The estimate changes no state, so nothing else needs ordering."""
+        dependencies (see the module's docstring): only the devices' orders and the tasks' inputs
+        order the tasks. The estimate changes no state, so nothing else needs ordering."""
         signature = [tf.TensorSpec(t.shape, t.dtype) for t in (x, baseline, seed)]
         key = tuple((tuple(spec.shape), spec.dtype) for spec in signature)
         if key not in self._stamped_estimates:
@@ -423,48 +442,54 @@ class PipelinedVCDTrainer(VCDTrainer):
         None). Changes no state.
 
         Runs the tasks in ``self.order``, each on its stage's device after the task before it on that
-        device (every task before it, for the sequential schedule). With ``stamp``, each task's start
-        and end are stamped: trace that only without automatic control dependencies
-        (``timed_step`` does), which would chain the stamps and serialise the tasks."""
+        device (every task before it, for the sequential schedule) and on the outputs of the tasks it
+        reads (``_inputs``). With ``stamp``, each task's start is stamped once that task before it and
+        the tasks it reads have ended, and its end once its outputs exist: trace that only without
+        automatic control dependencies (``timed_step`` does), which would chain the stamps and
+        serialise the tasks."""
         p = self.pipeline
         b = p.micro_batch_size
         step_size = tf.convert_to_tensor(self.step_size)
         done: dict[Task, NamedTuple] = {}
 
-        def run(task: Task) -> NamedTuple:
+        def run(task: Task, inputs: dict[tuple[str, int], NamedTuple]) -> NamedTuple:
+            """``task`` on ``inputs``, the outputs of the tasks it reads, by (kind, stage)."""
             m = task.micro_batch
             x_m = x[m * b:(m + 1) * b]
             noise_seed, chain_seed = tf.unstack(split_seed(fold_in(seed, m), 2))
-            chain = done.get(Task("F", 1, m))
             if task.kind == "F":
                 return (self.encoder_forward(x_m, noise_seed) if task.stage == 0 else
-                        self.chain_forward(x_m, done[Task("F", 0, m)].z0, step_size, chain_seed) if task.stage == 1
-                        else self.decoder_forward(x_m, chain.final_state))
+                        self.chain_forward(x_m, inputs["F", 0].z0, step_size, chain_seed) if task.stage == 1
+                        else self.decoder_forward(x_m, inputs["F", 1].final_state))
             if task.stage == 2:
-                return self.decoder_backward(done[Task("F", 2, m)], chain.final_state)
+                return self.decoder_backward(inputs["F", 2], inputs["F", 1].final_state)
             if task.stage == 1:
-                return self.chain_backward(chain)
-            return self.encoder_backward(done[Task("F", 0, m)], chain.final_state, done[Task("B", 1, m)],
-                                         done[Task("B", 2, m)], baseline[m * b:(m + 1) * b])
+                return self.chain_backward(inputs["F", 1])
+            return self.encoder_backward(inputs["F", 0], inputs["F", 1].final_state, inputs["B", 1], inputs["B", 2],
+                                         baseline[m * b:(m + 1) * b])
 
         times = []
+        ended: dict[Task, tf.Tensor] = {}  # each task's end stamp
         last_on_device: dict[int, list[tf.Tensor]] = {}
         previous: list[tf.Tensor] = []
         for task in self.order:
             after = previous if p.schedule == "sequential" else last_on_device.get(task.stage, [])
+            reads = _inputs(task)
             with tf.device(p.device(task.stage)):
                 if stamp:
-                    with tf.control_dependencies(after):
+                    # The task runs once its device is free and its inputs exist: a start stamped after
+                    # the device alone would count the wait for other stages' outputs as running time.
+                    with tf.control_dependencies(after + [ended[d] for d in reads]):
                         start = tf.timestamp()
                     after = [start]
                 with tf.control_dependencies(after):
-                    done[task] = run(task)
+                    done[task] = run(task, {(d.kind, d.stage): done[d] for d in reads})
                 finished = [t for t in tf.nest.flatten(done[task]) if tf.is_tensor(t)]
                 if stamp:
                     with tf.control_dependencies(finished):
-                        end = tf.timestamp()
-                    times.append(tf.stack([start, end]))
-                    finished = [end]
+                        ended[task] = tf.timestamp()
+                    times.append(tf.stack([start, ended[task]]))
+                    finished = [ended[task]]
             last_on_device[task.stage] = previous = finished
 
         micro = range(p.gradient_accumulation)
