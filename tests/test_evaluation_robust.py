@@ -137,3 +137,64 @@ def test_the_robust_protocol_has_a_file_of_its_own():
 def test_bad_robust_settings_are_refused_naming_them(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         EvaluationConfig(**overrides)
+
+
+class ImageCentred(BimodalModel):
+    """p(z | x) = N((3 x_0, 0), 0.25^2 I): a posterior of its own for each image, so that a chain
+    run on another image's x ends elsewhere."""
+
+    def log_joint(self, x, z):  # z [..., B, 2] -> [..., B]
+        centre = tf.stack([3.0 * x[:, 0], tf.zeros_like(x[:, 0])], -1)
+        return tf.reduce_sum(-0.5 * tf.square((z - centre) / 0.25), -1)
+
+
+def test_each_start_runs_on_its_own_images_posterior():
+    # Chain m of image b must target p(z | x_b): x tiled [M B] in the order of the starts.
+    x = np.array([[0.0], [1.0], [-1.0]], np.float32)
+    mean, _ = evaluation.hmc_posterior_moments(ImageCentred(), tf.constant(x), burn_in=200, kept=100, step_size=0.05,
+                                               seed=1, num_starts=3, **HMC.kernel_arguments())
+    assert mean.shape == (3, 3, 2)
+    expected = np.broadcast_to(np.stack([3 * x[:, 0], np.zeros(3)], -1), (3, 3, 2))
+    np.testing.assert_allclose(mean, expected, atol=0.3)
+
+
+@pytest.mark.parametrize("num_starts", [1, 3])
+def test_step_size_per_chain_gives_each_chain_its_own_initial_step_size(monkeypatch, num_starts):
+    seen = []
+    real = evaluation.hmc_posterior_chain
+    monkeypatch.setattr(evaluation, "hmc_posterior_chain",
+                        lambda model, x, **kwargs: seen.append((x.shape[0], kwargs["step_size"])) or real(model, x, **kwargs))
+    evaluation.hmc_posterior_moments(BimodalModel(), tf.constant(IMAGES), burn_in=1, kept=1, step_size=0.05, seed=1,
+                                     num_starts=num_starts, step_size_per_chain=True, **HMC.kernel_arguments())
+    (rows, step_size), = seen
+    assert rows == num_starts * len(IMAGES)
+    np.testing.assert_array_equal(step_size, np.full([rows, 1], 0.05, np.float32))
+
+
+@pytest.mark.parametrize("proposal", ["hmc_mean", "hmc_moments"])
+def test_the_mixtures_components_each_have_a_scale(proposal):
+    protocol = dataclasses.replace(PAPER, proposal=proposal, burn_in=2, kept=3).robust(3)
+    loc, scale = evaluation.proposal_for(BimodalModel(), tf.constant(IMAGES), protocol, HMC, seed=1)
+    assert loc.shape == scale.shape == (3, len(IMAGES), 2)
+    if proposal == "hmc_mean":  # the encoder's scale for every chain, widened
+        np.testing.assert_allclose(scale, np.full(scale.shape, 1.2 * ENCODER_SCALE), rtol=1e-6)
+    estimate = evaluation.make_evaluator(BimodalModel(), dataclasses.replace(protocol, num_samples=50, chunk_size=50),
+                                         HMC)(IMAGES, 0).per_example
+    assert estimate.shape == (len(IMAGES),) and np.all(np.isfinite(estimate))
+
+
+def test_robust_defaults_to_four_starts_and_sets_both():
+    assert EvaluationConfig().robust() == dataclasses.replace(EvaluationConfig(), num_starts=4,
+                                                              step_size_per_chain=True)
+
+
+@pytest.mark.parametrize("num_starts", [2, 3])
+def test_every_number_of_starts_starts_at_the_mean_then_at_draws(num_starts):
+    model = VAE(seed=0)
+    x = tf.constant(np.random.default_rng(0).integers(0, 2, size=(4, 784)), tf.float32)
+    mean, _ = evaluation.hmc_posterior_moments(model, x, burn_in=0, kept=1, step_size=1e-7, seed=2,
+                                               num_leapfrog_steps=1, num_starts=num_starts)
+    loc, scale = model.encoder(x)
+    assert mean.shape == (num_starts, 4, loc.shape[-1])
+    np.testing.assert_allclose(mean[0], loc, atol=1e-5)
+    assert np.all(np.abs(((mean[1:] - loc) / scale).numpy()) > 1e-3)
