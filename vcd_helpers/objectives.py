@@ -18,7 +18,7 @@ from vcd_helpers.config import ControlVariateConfig, check_one_of, check_positiv
 from vcd_helpers.control_variates import ControlVariate
 from vcd_helpers.hmc import HMCResult, hmc_chain
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
-from vcd_helpers.seeds import split_seed
+from vcd_helpers.seeds import salted_seed, split_seed
 
 tfd = tfp.distributions
 
@@ -251,7 +251,7 @@ def fit_diagonal_gaussian(target_log_prob_fn: Callable[[tf.Tensor], tf.Tensor], 
     chain_step_size = tf.Variable(float(step_size))
     baseline = ControlVariate(ControlVariateConfig(kind="global"), num_examples=1)
     index = tf.zeros([batch_size], tf.int32)
-    seeds = split_seed(tf.constant([seed, 0], tf.int64), num_steps)
+    seeds = split_seed(salted_seed(seed, "fit_diagonal_gaussian"), num_steps)
 
     @tf.function
     def train_step(step):
