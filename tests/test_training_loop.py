@@ -140,6 +140,14 @@ def test_the_step_breakdown_adds_up_to_the_step():
     assert intervals["the evaluations' matrix multiplies"][0] == pytest.approx(10.045)
     lines = bench.format_breakdown(timed).splitlines()
     assert lines[2].endswith("not resolved") and lines[4].endswith("]") and max(map(len, lines)) <= 80, lines
+    # Each part's value is the median of its per-round differences, the centre of its interval,
+    # not the difference of two medians (here 50 - 20 = 30 ms against a median difference of 10).
+    skewed = dataclasses.replace(breakdown, timings=breakdown.timings | {
+        name: timing.Timing(tuple(v / 1000 for v in values)) for name, values in (ms | {
+            "step": [30.0 if r < 3 else 50.0 for r in range(rounds)],
+            "chain": [20.0 if r < 7 else 40.0 for r in range(rounds)]}).items()})
+    assert skewed.part_intervals()["around the chain: encoder, decoder loss, RMSProp"][0] == pytest.approx(10.0)
+    assert " 10.0 ms" in bench.format_breakdown(skewed).splitlines()[1]
     with pytest.raises(ValueError, match="method='vae' is invalid"):
         bench.step_breakdown(CONFIG.replace(method="vae"))
 

@@ -296,17 +296,19 @@ def step_breakdown(config: Config, *, calls: int = 11, steps_per_call: int = 10,
 
 
 def format_breakdown(breakdown: StepBreakdown) -> str:
-    """The breakdown as a few lines of text: each part's ms and share of the step (a difference of
-    two medians, so on a noisy machine a small one can come out negative), and, with enough
-    rounds, the 95% interval of its per-round difference, or "not resolved" where that holds 0."""
+    """The breakdown as a few lines of text: each part's ms and share of the step and, with enough
+    rounds, the median of its per-round differences (so that the value lies in its interval) with
+    the 95% interval of that median, or "not resolved" where that holds 0; with fewer rounds, the
+    difference of two medians. On a noisy machine a small part can come out negative."""
     b = breakdown
     lines = [f"one VCD step, chain in {b.chain_shards} block(s): {b.step:.1f} ms, {b.step_gflops:.0f} GFLOP/s, "
              f"{b.step_gflops / b.matmul_rate:.0%} of the dense rate"]
     intervals = b.part_intervals()
     for name, ms in b.parts().items():
+        if intervals:
+            ms, low, high = intervals[name]
         line = f"  {name:<50}{ms:>6.1f} ms {ms / b.step:>4.0%}"
         if intervals:
-            _, low, high = intervals[name]
             line += " not resolved" if low <= 0 <= high else f" [{low:.1f}, {high:.1f}]"
         lines.append(line)
     lines.append(f"  the multiplies alone: {b.dots_gflops:.0f} GFLOP/s, {b.dots_gflops / b.matmul_rate:.0%} of the "
