@@ -292,9 +292,9 @@ def annealed_importance_sampling(target_log_prob_fn: Callable[[tf.Tensor], tf.Te
         move = sample_chain(1, tf.reshape(z, [-1, dims]), kernel, seed=move_seeds[t - 1])
         z = tf.ensure_shape(tf.reshape(move.final_state, [num_chains, batch, dims]), z.shape)
         results = move.final_kernel_results
-        if not adapt_step_size:  # the step size every move used, unchanged
-            return t + 1, z, log_weights, step_size, accept_sum + accept_rate(results)
-        return t + 1, z, log_weights, results.new_step_size, accept_sum + accept_rate(results)
+        # Without adaptation, the step size every move used, unchanged.
+        next_step_size = results.new_step_size if adapt_step_size else step_size
+        return t + 1, z, log_weights, next_step_size, accept_sum + accept_rate(results)
 
     z0 = start.sample(num_chains, seed=init_seed)
     _, _, log_weights, step_size, accept_sum = tf.while_loop(

@@ -4,6 +4,7 @@ file or variable and what to do) or is repaired, and never costs a finished resu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -412,6 +413,17 @@ def test_an_infinite_spread_is_written_as_valid_json():
     record = run_evaluation.evaluation_record(result, load_config("smoke").evaluation)
     assert record["mean"] is None and record["standard_error"] is None
     json.dumps(record, allow_nan=False)
+
+
+def test_a_robust_evaluation_records_its_protocol_and_the_papers_keeps_its_fields():
+    result = EvaluationResult(-90.0, np.array([-91.0, -89.0]), "hmc_moments", 10)
+    paper = load_config("smoke").evaluation
+    assert set(run_evaluation.evaluation_record(result, paper)) == {
+        "split", "mean", "standard_error", "num_examples", "proposal", "num_samples"}
+    for evaluation, starts, per_chain in ((paper.robust(4), 4, True), (dataclasses.replace(paper, num_starts=2), 2, False),
+                                          (dataclasses.replace(paper, step_size_per_chain=True), 1, True)):
+        record = run_evaluation.evaluation_record(result, evaluation)
+        assert (record["num_starts"], record["step_size_per_chain"]) == (starts, per_chain), record
 
 
 def _count_computed_batches(monkeypatch) -> list[int]:

@@ -74,8 +74,13 @@ def _summary(per_example: np.ndarray, split: str) -> dict[str, Any]:
 
 
 def evaluation_record(result: EvaluationResult, evaluation: EvaluationConfig) -> dict[str, Any]:
+    """The record of an evaluation: split, mean, standard error, images, proposal and samples and,
+    for a protocol other than the paper's one chain with a shared step size, its ``num_starts`` and
+    ``step_size_per_chain`` (the paper's records keep their fields, as its file names keep theirs)."""
+    protocol = ({"num_starts": evaluation.num_starts, "step_size_per_chain": evaluation.step_size_per_chain}
+                if evaluation.num_starts > 1 or evaluation.step_size_per_chain else {})
     return _summary(result.per_example, evaluation.split) | {"proposal": result.proposal,
-                                                             "num_samples": result.num_samples}
+                                                             "num_samples": result.num_samples} | protocol
 
 
 def evaluate_run(results_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
