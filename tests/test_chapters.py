@@ -10,6 +10,7 @@ hidden from the rendered page while nbval still runs it. The browser check
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -17,6 +18,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import reading_time  # noqa: E402
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 PAGES = [entry["file"] for entry in TOC["chapters"]]
 CHAPTERS = [page for page in PAGES if re.fullmatch(r"notebooks/\d\d\w*", page)]
@@ -48,6 +51,18 @@ def test_a_chapter_opens_with_goals_and_a_time_estimate(page):
     assert first.startswith("# "), f"{page}: the first cell is not the title"
     assert ":::{admonition} Learning goals" in first, f"{page}: no learning goals at the top"
     assert re.search(r"minutes to read", first), f"{page}: no time estimate at the top"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_the_stated_reading_time_is_the_measured_one(page):
+    """The time at the top is the introduction's rule applied to the chapter as committed
+    (tools/reading_time.py): within 10% (at least 5 minutes) to read, a quarter hour of exercises."""
+    first = next(cell.source for cell in _read(page).cells if cell.cell_type == "markdown")
+    stated = re.search(r"About (\d+) minutes to read, and about ([\d.]+) hours for the exercises", first)
+    assert stated, f"{page}: no 'About N minutes to read, and about H hours for the exercises' at the top"
+    reading, exercises = reading_time.reading_time(ROOT / f"{page}.ipynb")
+    assert abs(int(stated[1]) - reading) <= max(5, 0.1 * reading), (page, stated[0], f"measured {reading:.0f} min")
+    assert abs(float(stated[2]) - exercises / 60) <= 0.25, (page, stated[0], f"measured {exercises / 60:.1f} h")
 
 
 @pytest.mark.parametrize("page", CHAPTERS)
