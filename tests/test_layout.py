@@ -70,7 +70,7 @@ def test_the_check_sees_an_import_of_the_run_service(tmp_path):
 NOTEBOOKS = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
 # Chapter 7 shows the training command's two-worker mode, started by the run service's launcher:
 # starting processes is the run service's job, and the chapter shows that job.
-RUN_SERVICE_SHOWN = {("07_pipelining.ipynb", "vcd_helpers.runs.workers")}
+RUN_SERVICE_SHOWN = {("07b_memory_and_replication.ipynb", "vcd_helpers.runs.workers")}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
