@@ -87,6 +87,31 @@ def test_bad_pipeline_configs_are_clear_errors(overrides, message):
         PipelineConfig(**overrides)
 
 
+@pytest.mark.parametrize("batch_size, accumulation", [(100, 4), (50, 5), (24, 4), (7, 7), (4, 4), (9, 9)])
+def test_pipelined_splits_the_batch_into_the_fewest_micro_batches_that_outnumber_the_stages(batch_size, accumulation):
+    cfg = load_config("default").replace(batch_size=batch_size)
+    stages = pipeline.pipelined(cfg, "grouped", ("/CPU:1", "/CPU:2", "/CPU:3"), recompute_encoder=True,
+                                slot_device="/CPU:0").execution.pipeline
+    assert (stages.gradient_accumulation, stages.micro_batch_size) == (accumulation, batch_size // accumulation)
+    assert (stages.schedule, stages.devices) == ("grouped", ("/CPU:1", "/CPU:2", "/CPU:3"))
+    assert (stages.recompute_encoder, stages.slot_device) == (True, "/CPU:0")
+
+
+def test_pipelined_compiles_the_chain_only_when_asked_and_keeps_the_rest_of_the_config():
+    cfg = load_config("default")
+    plain, xla = pipeline.pipelined(cfg), pipeline.pipelined(cfg, xla_chain=True)
+    assert (plain.execution.jit_compile, xla.execution.jit_compile) == (False, True)
+    stages = plain.execution.pipeline
+    assert (stages.schedule, stages.devices, stages.recompute_encoder, stages.slot_device) == ("interleaved", (), False, None)
+    assert plain.replace(execution={"pipeline": None, "jit_compile": cfg.execution.jit_compile}) == cfg
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_pipelined_refuses_a_batch_too_small_to_fill_the_stages(batch_size):
+    with pytest.raises(ValueError, match=f"batch_size={batch_size} is too small to pipeline"):
+        pipeline.pipelined(load_config("default").replace(batch_size=batch_size))
+
+
 def test_each_task_of_the_step_reads_exactly_its_listed_inputs(batch, monkeypatch):
     # The chain's backward sends its first evaluation, computed in its forward: it reads no later
     # stage, unlike a network's backward (which _ordering_dependencies models).

@@ -52,7 +52,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from vcd_helpers.config import NUM_STAGES, SCHEDULES, Config, check_one_of, check_positive_int
+from vcd_helpers.config import NUM_STAGES, SCHEDULES, Config, PipelineConfig, check_one_of, check_positive_int
 from vcd_helpers.hmc import HMCResult
 from vcd_helpers.model import VAE, bernoulli_log_likelihood, standard_normal_log_prob
 from vcd_helpers.objectives import encoder_surrogate_loss
@@ -73,6 +73,27 @@ def batch_sizes(micro_batch_size: int, gradient_accumulation: int = 1, replicas:
         check_positive_int(name, value)
     effective = micro_batch_size * gradient_accumulation * replicas
     return {"effective_batch": effective, "examples_per_host_call": effective * device_iterations}
+
+
+def pipelined(cfg: Config, schedule: str = "interleaved", devices: tuple[str, ...] = (), *, xla_chain: bool = False,
+              **levers) -> Config:
+    """``cfg`` with its step pipelined by ``schedule`` over ``devices`` (one per stage, or () to leave
+    placement to TensorFlow): the batch split into the fewest micro-batches that divide it evenly
+    and outnumber the stages, so that every stage has work once the pipeline has filled. Its ops run
+    from a plain tf.function unless ``xla_chain`` (then XLA compiles the chain); ``levers`` are the
+    remaining ``config.PipelineConfig`` fields (recompute_encoder, slot_device).
+
+    Raises ValueError for a batch of at most NUM_STAGES examples (no split outnumbers the stages)
+    or an invalid setting.
+    """
+    check_positive_int("batch_size", cfg.batch_size)
+    accumulation = next((a for a in range(NUM_STAGES + 1, cfg.batch_size + 1) if cfg.batch_size % a == 0), None)
+    if accumulation is None:
+        raise ValueError(f"batch_size={cfg.batch_size} is too small to pipeline: the {NUM_STAGES} stages need more "
+                         f"than {NUM_STAGES} micro-batches per step to fill, so a batch of at least {NUM_STAGES + 1}")
+    stages = PipelineConfig(schedule=schedule, micro_batch_size=cfg.batch_size // accumulation,
+                            gradient_accumulation=accumulation, devices=devices, **levers)
+    return cfg.replace(execution={"pipeline": stages, "jit_compile": xla_chain})
 
 
 def short_device_name(name: str) -> str:
