@@ -20,6 +20,21 @@ def test_t_interval_of_three_values():
         analysis.mean_interval([1.0])
 
 
+def test_one_run_against_seeds_allows_the_spread_of_one_more_seed_about_their_mean():
+    # seeds -1, 0, +1: mean 0, sd 1; one more run about their mean spreads as sd x sqrt(1 + 1/3)
+    interval = analysis.against_seeds(2.5, [1.0, -1.0, 0.0])
+    half = 4.3027 * np.sqrt(4 / 3)
+    assert interval.mean == 2.5 and interval.n == 3
+    assert (interval.low, interval.high) == pytest.approx((2.5 - half, 2.5 + half), abs=1e-3)
+    assert analysis.against_seeds(2.5, [0.0, 2.0, 4.0]).mean == 0.5  # minus the seeds' mean, not plus
+    assert analysis.against_seeds(0.0, [1.0, 3.0], confidence=0.9).half_width == pytest.approx(
+        6.3138 * np.sqrt(2) * np.sqrt(1.5), abs=1e-3)  # t(1) at 0.95, sd sqrt(2)
+    with pytest.raises(ValueError, match="need at least two finite numbers"):
+        analysis.against_seeds(0.0, [1.0])
+    with pytest.raises(ValueError, match="single=nan is invalid"):
+        analysis.against_seeds(float("nan"), [1.0, 2.0])
+
+
 def test_pairing_removes_the_spread_shared_by_both_runs():
     rng = np.random.default_rng(0)
     difficulty = rng.normal(-100, 20, size=5000)           # some images are harder for every model

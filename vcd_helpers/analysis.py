@@ -58,6 +58,22 @@ def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
     return Interval(mean, mean - half, mean + half, len(values))
 
 
+def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """``single`` (one run's number, or another study's) minus the mean of ``seed_values`` (n seeds of
+    one configuration), with the interval the spread over seeds alone allows for that difference:
+    t(n - 1) x sd x sqrt(1 + 1/n), the spread of one more run about the mean of n. It ignores the
+    evaluation's own noise and assumes ``single`` varies over seeds as the seeds do.
+    Raises ValueError for fewer than two finite seed values or a non-finite ``single``."""
+    mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
+    if not math.isfinite(single):
+        raise ValueError(f"single={single!r} is invalid: must be a finite number")
+    values = np.asarray(seed_values, dtype=np.float64)
+    n = len(values)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * float(values.std(ddof=1)) * math.sqrt(1 + 1 / n)
+    difference = float(single - values.mean())
+    return Interval(difference, difference - half, difference + half, n)
+
+
 def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> Interval:
     """Mean of ``a - b`` over the same images ([N] each) with its t interval."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
