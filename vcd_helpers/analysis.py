@@ -61,8 +61,9 @@ def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
 def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
     """``single`` (one run's number, or another study's) minus the mean of ``seed_values`` (n seeds of
     one configuration), with the interval the spread over seeds alone allows for that difference:
-    t(n - 1) x sd x sqrt(1 + 1/n), the spread of one more run about the mean of n. It ignores the
-    evaluation's own noise and assumes ``single`` varies over seeds as the seeds do.
+    t(n - 1) x sd x sqrt(1 + 1/n), the spread of one more run minus the mean of n. Each seed's
+    evaluation noise is in sd; what all the seeds share (the test images, the evaluation protocol)
+    is not. It assumes ``single`` is independent of the seeds and varies over seeds as they do.
     Raises ValueError for fewer than two finite seed values or a non-finite ``single``."""
     mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
     if not math.isfinite(single):
