@@ -65,14 +65,12 @@ def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, conf
     evaluation noise is in sd; what all the seeds share (the test images, the evaluation protocol)
     is not. It assumes ``single`` is independent of the seeds and varies over seeds as they do.
     Raises ValueError for fewer than two finite seed values or a non-finite ``single``."""
-    mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
+    spread = mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
     if not math.isfinite(single):
         raise ValueError(f"single={single!r} is invalid: must be a finite number")
-    values = np.asarray(seed_values, dtype=np.float64)
-    n = len(values)
-    half = t_quantile(0.5 + confidence / 2, n - 1) * float(values.std(ddof=1)) * math.sqrt(1 + 1 / n)
-    difference = float(single - values.mean())
-    return Interval(difference, difference - half, difference + half, n)
+    half = spread.half_width * math.sqrt(spread.n + 1)  # t sd / sqrt(n) -> t sd sqrt(1 + 1/n)
+    difference = float(single - spread.mean)
+    return Interval(difference, difference - half, difference + half, spread.n)
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> Interval:

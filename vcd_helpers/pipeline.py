@@ -86,7 +86,6 @@ def pipelined(cfg: Config, schedule: str = "interleaved", devices: tuple[str, ..
     Raises ValueError for a batch of at most NUM_STAGES examples (no split outnumbers the stages)
     or an invalid setting.
     """
-    check_positive_int("batch_size", cfg.batch_size)
     accumulation = next((a for a in range(NUM_STAGES + 1, cfg.batch_size + 1) if cfg.batch_size % a == 0), None)
     if accumulation is None:
         raise ValueError(f"batch_size={cfg.batch_size} is too small to pipeline: the {NUM_STAGES} stages need more "
