@@ -73,6 +73,14 @@ def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, conf
     return Interval(difference, difference - half, difference + half, spread.n)
 
 
+def between_two_runs(seed_values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> float:
+    """The half-width the spread over seeds alone allows for the difference of two single runs of
+    one configuration: t(n - 1) x sd x sqrt(2), each run with the seeds' variance sd^2 (n seeds).
+    Raises ValueError for fewer than two finite seed values."""
+    spread = mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
+    return spread.half_width * math.sqrt(2 * spread.n)  # t sd / sqrt(n) -> t sd sqrt(2)
+
+
 def paired_difference(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> Interval:
     """Mean of ``a - b`` over the same images ([N] each) with its t interval."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
