@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,25 @@ def test_pairing_removes_the_spread_shared_by_both_runs():
     assert unpaired > 10 * paired.half_width
     with pytest.raises(ValueError, match="needs the same images"):
         analysis.paired_difference(a, b[:10])
+
+
+def test_an_interval_prints_its_mean_then_its_bounds_and_says_whether_it_excludes_zero():
+    interval = analysis.Interval(1.234, -0.5, 2.968, 3)
+    assert f"{interval:+.2f}" == "+1.23 [-0.50, +2.97]" and f"{interval:.1f}" == "1.2 [-0.5, 3.0]"
+    assert f"{interval}" == str(interval)  # no format: the tuple's own text
+    assert not interval.excludes_zero
+    assert analysis.Interval(-1.0, -2.0, -0.1, 3).excludes_zero and analysis.Interval(1.0, 0.1, 2.0, 3).excludes_zero
+    assert not analysis.Interval(1.0, 0.0, 2.0, 3).excludes_zero  # a bound on zero does not exclude it
+
+
+def test_two_runs_pair_on_their_per_image_estimates():
+    a, b = (analysis.load_run(COMMITTED_RESULTS / name) for name in ("vcd_scheduled_e100_s0", "vae_e100_s0"))
+    expected = analysis.paired_difference(np.load(a.path / "per_example_log_likelihood.npy"),
+                                          np.load(b.path / "per_example_log_likelihood.npy"), confidence=0.9)
+    assert analysis.paired_runs(a, b, confidence=0.9) == expected and expected.mean > 0  # a - b: VCD above the VAE
+    assert analysis.paired_runs(b, a).mean == pytest.approx(-analysis.paired_runs(a, b).mean)
+    with pytest.raises(ValueError, match="run vae_e100_s0 has no per-image estimates"):
+        analysis.paired_runs(a, dataclasses.replace(b, per_example=None))
 
 
 @pytest.mark.slow

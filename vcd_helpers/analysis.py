@@ -39,6 +39,17 @@ class Interval(NamedTuple):
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
+    @property
+    def excludes_zero(self) -> bool:
+        """Whether the interval lies wholly on one side of zero: a difference resolved from none."""
+        return self.low > 0 or self.high < 0
+
+    def __format__(self, spec: str) -> str:
+        """``f"{i:+.2f}"`` gives '+1.23 [+1.01, +1.45]': the mean, then [low, high], each in ``spec``."""
+        if not spec:
+            return str(self)
+        return f"{self.mean:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+
 
 def t_quantile(probability: float, degrees_of_freedom: int) -> float:
     """The ``probability`` quantile of Student's t with the given degrees of freedom."""
@@ -141,6 +152,16 @@ class FinishedRun:
         """The final per-image control variate [50,000] (local and scheduled runs), or None."""
         path = self.path / LOCAL_BASELINE_FILE
         return read_array(path) if path.exists() else None
+
+
+def paired_runs(a: FinishedRun, b: FinishedRun, confidence: float = 0.95) -> Interval:
+    """Run ``a``'s final test log-likelihood minus ``b``'s on the same test images, with its t interval
+    (``paired_difference`` of their per-image estimates). Raises ValueError when a run has no per-image
+    estimates or the two were evaluated on different images."""
+    for run in (a, b):
+        if run.per_example is None:
+            raise ValueError(f"run {run.name} has no per-image estimates ({PER_EXAMPLE_FILE}): it cannot be paired")
+    return paired_difference(a.per_example, b.per_example, confidence)
 
 
 def load_run(directory: str | os.PathLike) -> FinishedRun:
