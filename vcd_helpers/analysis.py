@@ -1,6 +1,6 @@
-"""Reading finished runs and comparing them: the numbers chapter 8 reports.
+"""Reading finished runs and comparing them: the numbers chapters 8, 8b and 9 report.
 
-A run is a results directory of the training command (chapter 8 reads the committed copies in
+A run is a results directory of the training command (the chapters read the committed copies in
 ``results/NAME``). Two kinds of comparison:
 
 - *paired*, on the same test images: the per-image difference of two runs' estimates, its mean
