@@ -39,6 +39,12 @@ def test_a_control_variate_holds_state_not_weights(kind):
     assert baseline.variables and not baseline.trainable_variables
 
 
+def test_a_control_variate_counts_the_bytes_of_its_state():
+    sizes = {kind: ControlVariate(ControlVariateConfig(kind=kind), num_examples=10).state_bytes
+             for kind in ("none", "global", "local", "scheduled")}
+    assert sizes == {"none": 0, "global": 4, "local": 40, "scheduled": 44}  # float32: O(1) against O(N)
+
+
 def test_a_scheduled_control_variate_read_from_a_preset_switches_to_local():
     # The kind read from the preset's JSON is a string equal to "scheduled" but not the literal itself:
     # the kind is compared by value. Switch after step 0: the local values start from the global one

@@ -36,6 +36,11 @@ class ControlVariate(tf.Module):
         self.local_values = (tf.Variable(tf.zeros([num_examples]), trainable=False, name="local")
                              if self.kind in ("local", "scheduled") else None)
 
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the baselines' state: 0 (none), 4 (global), 4 N (local), 4 (1 + N) (scheduled)."""
+        return sum(int(tf.size(v)) * v.dtype.size for v in self.variables)
+
     def _uses_local(self, step: tf.Tensor) -> tf.Tensor:
         if self.kind == "local":
             return tf.constant(True)
