@@ -69,6 +69,12 @@ def test_an_interval_prints_its_mean_then_its_bounds_and_says_whether_it_exclude
     assert not analysis.Interval(1.0, 0.0, 2.0, 3).excludes_zero  # a bound on zero does not exclude it
 
 
+def test_minus_an_interval_is_the_interval_of_the_opposite_difference():
+    a, b = np.array([1.0, 2.5, 0.5, 3.0]), np.array([0.2, 1.0, 0.9, 1.1])
+    assert -analysis.paired_difference(a, b) == analysis.paired_difference(b, a)
+    assert -analysis.Interval(1.5, 0.5, 3.0, 4) == analysis.Interval(-1.5, -3.0, -0.5, 4)
+
+
 def test_two_runs_pair_on_their_per_image_estimates():
     a, b = (analysis.load_run(COMMITTED_RESULTS / name) for name in ("vcd_scheduled_e100_s0", "vae_e100_s0"))
     expected = analysis.paired_difference(np.load(a.path / "per_example_log_likelihood.npy"),

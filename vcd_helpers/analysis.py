@@ -44,6 +44,10 @@ class Interval(NamedTuple):
         """Whether the interval lies wholly on one side of zero: a difference resolved from none."""
         return self.low > 0 or self.high < 0
 
+    def __neg__(self) -> "Interval":
+        """The interval of minus the quantity: ``-(a - b)`` is ``b - a``, its bounds swapped."""
+        return Interval(-self.mean, -self.high, -self.low, self.n)
+
     def __format__(self, spec: str) -> str:
         """``f"{i:+.2f}"`` gives '+1.23 [+1.01, +1.45]': the mean, then [low, high], each in ``spec``."""
         if not spec:
