@@ -37,6 +37,20 @@ def test_one_run_against_seeds_allows_the_spread_of_one_more_seed_about_their_me
         analysis.against_seeds(float("nan"), [1.0, 2.0])
 
 
+def test_one_run_of_another_method_against_seeds_takes_its_own_spread():
+    # seeds -1, 0, +1 (sd 1); the single run assumed to spread with sd 2: t(2) x sqrt(4 + 1/3)
+    interval = analysis.against_seeds(2.5, [1.0, -1.0, 0.0], single_sd=2.0)
+    assert interval.mean == 2.5 and interval.n == 3
+    assert interval.half_width == pytest.approx(4.3027 * np.sqrt(4 + 1 / 3), abs=1e-3)
+    assert analysis.against_seeds(2.5, [1.0, -1.0, 0.0], single_sd=1.0) == pytest.approx(
+        analysis.against_seeds(2.5, [1.0, -1.0, 0.0]))  # its own spread the seeds': the default
+    assert analysis.against_seeds(0.0, [1.0, 3.0], confidence=0.9, single_sd=0.0).half_width == pytest.approx(
+        6.3138 * 1.0, abs=1e-3)  # no spread of its own: t(1) at 0.95 x sd sqrt(2) / sqrt(2)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"single_sd={bad!r} is invalid: must be a finite number >= 0"):
+            analysis.against_seeds(0.0, [1.0, 2.0], single_sd=bad)
+
+
 def test_two_single_runs_differ_by_up_to_the_seed_spread_times_root_two():
     # seeds -1, 0, +1: sd 1; two runs each with variance 1 differ with sd sqrt(2)
     assert analysis.between_two_runs([1.0, -1.0, 0.0]) == pytest.approx(4.3027 * np.sqrt(2), abs=1e-3)

@@ -73,17 +73,28 @@ def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
     return Interval(mean, mean - half, mean + half, len(values))
 
 
-def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+def against_seeds(single: float, seed_values: Sequence[float] | np.ndarray, confidence: float = 0.95,
+                  single_sd: float | None = None) -> Interval:
     """``single`` (one run's number, or another study's) minus the mean of ``seed_values`` (n seeds of
     one configuration), with the interval the spread over seeds alone allows for that difference:
     t(n - 1) x sd x sqrt(1 + 1/n), the spread of one more run minus the mean of n. Each seed's
     evaluation noise is in sd; what all the seeds share (the test images, the evaluation protocol)
-    is not. It assumes ``single`` is independent of the seeds and varies over seeds as they do.
-    Raises ValueError for fewer than two finite seed values or a non-finite ``single``."""
+    is not. It assumes ``single`` is independent of the seeds and varies over seeds as they do;
+    ``single_sd``, if given, is the spread over seeds assumed for ``single`` instead (another
+    method's run: t(n - 1) x sqrt(single_sd^2 + sd^2 / n)).
+    Raises ValueError for fewer than two finite seed values, a non-finite ``single`` or a
+    ``single_sd`` that is not a finite number >= 0."""
     spread = mean_interval(seed_values, confidence)  # refuses too few or non-finite values and a bad confidence
     if not math.isfinite(single):
         raise ValueError(f"single={single!r} is invalid: must be a finite number")
-    half = spread.half_width * math.sqrt(spread.n + 1)  # t sd / sqrt(n) -> t sd sqrt(1 + 1/n)
+    if single_sd is None:
+        half = spread.half_width * math.sqrt(spread.n + 1)  # t sd / sqrt(n) -> t sd sqrt(1 + 1/n)
+    elif not (math.isfinite(single_sd) and single_sd >= 0):
+        raise ValueError(f"single_sd={single_sd!r} is invalid: must be a finite number >= 0")
+    else:
+        sd = float(np.std(np.asarray(seed_values, dtype=np.float64), ddof=1))
+        t = t_quantile(0.5 + confidence / 2, spread.n - 1)
+        half = t * math.sqrt(single_sd ** 2 + sd ** 2 / spread.n)
     difference = float(single - spread.mean)
     return Interval(difference, difference - half, difference + half, spread.n)
 
